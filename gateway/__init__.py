@@ -1,0 +1,1 @@
+"""Parley's network edge: signaling, WebRTC calls, jitter buffer, pacer, events."""

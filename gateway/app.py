@@ -1,0 +1,240 @@
+"""The HTTP edge: signaling API, health endpoints and the demo page (aiohttp).
+
+Wire contracts (ARCHITECTURE.md): POST /v1/calls (JSON offer -> 201 JSON answer),
+DELETE /v1/calls/{id}, POST /v1/whip (application/sdp -> 201 SDP answer), /livez, /readyz.
+Errors are always {"error": {"code", "message"}}; client input never causes a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from pathlib import Path
+from typing import Any, Optional
+
+import jinja2
+from aiohttp import web
+
+from . import tokens
+from .call import Call
+from .config import Config
+from .sdp import MAX_SDP_BYTES, SdpError
+
+log = logging.getLogger("parley.app")
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_BODY_BYTES = MAX_SDP_BYTES  # 64 KiB for JSON and SDP bodies alike
+CONFIG_KEY = web.AppKey("config", Config)
+CALLS_KEY = web.AppKey("calls", "CallRegistry")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: Optional[dict] = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+
+def error_response(status: int, code: str, message: str, headers: Optional[dict] = None) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+               415: "unsupported_media_type", 431: "headers_too_large"}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return error_response(exc.status, _HTTP_CODES.get(exc.status, "http_error"), exc.reason, keep)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error", extra={"path": request.path})
+        return error_response(500, "internal", "internal error; the server keeps serving")
+
+
+class CallRegistry:
+    """Live calls, with a slot reserved before any await so max_sessions holds under bursts."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.calls: dict[str, Call] = {}
+        self._reserved = 0
+        self.draining = False
+
+    @property
+    def active(self) -> int:
+        return len(self.calls) + self._reserved
+
+    @property
+    def full(self) -> bool:
+        return self.active >= self.config.max_sessions
+
+    def reserve(self) -> None:
+        if self.full:
+            raise ApiError(429, "too_many_sessions",
+                           f"this node is at its limit of {self.config.max_sessions} sessions",
+                           {"Retry-After": str(self.config.retry_after_s)})
+        self._reserved += 1
+
+    async def open(self, offer_sdp: str, session_id: str) -> tuple[Call, str]:
+        """Answer an offer; the caller must have reserved a slot."""
+        call = Call(secrets.token_hex(8), session_id, self.config, self._forget)
+        try:
+            answer = await call.answer(offer_sdp)
+        except BaseException:
+            self._reserved -= 1
+            await call.close("rejected")
+            raise
+        self._reserved -= 1
+        self.calls[call.call_id] = call
+        return call, answer
+
+    def _forget(self, call: Call) -> None:
+        self.calls.pop(call.call_id, None)
+
+    async def close_all(self, reason: str) -> None:
+        await asyncio.gather(*(call.close(reason) for call in list(self.calls.values())))
+
+
+# -- request helpers ------------------------------------------------------------------------
+
+async def read_body(request: web.Request, content_type: str) -> bytes:
+    if request.content_type != content_type:
+        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {content_type}")
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"body exceeds {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(16 * 1024):
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, "body_too_large", f"body exceeds {MAX_BODY_BYTES} bytes")
+    return bytes(body)
+
+
+def decode_text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_encoding", "body must be UTF-8") from None
+
+
+def parse_offer_json(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(decode_text(body))
+    except ValueError:
+        raise ApiError(400, "invalid_json", "body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_json", "body must be a JSON object")
+    if payload.get("type") != "offer":
+        raise ApiError(400, "invalid_offer", "'type' must be \"offer\"")
+    if not isinstance(payload.get("sdp"), str):
+        raise ApiError(400, "invalid_offer", "'sdp' must be a string")
+    return payload
+
+
+def session_for(payload: dict[str, Any], config: Config) -> str:
+    """A new session id, or the one a valid resume token names (401 otherwise)."""
+    if payload.get("resume_token") is None:
+        return secrets.token_hex(12)
+    try:
+        return tokens.verify(payload["resume_token"], config.secret)
+    except tokens.TokenError as exc:
+        raise ApiError(401, "invalid_resume_token", str(exc)) from None
+
+
+async def answer_offer(request: web.Request, offer_sdp: str, session_id: str) -> tuple[Call, str]:
+    registry = request.app[CALLS_KEY]
+    if registry.draining:
+        raise ApiError(503, "draining", "this node is draining", {"Retry-After": str(registry.config.retry_after_s)})
+    registry.reserve()
+    try:
+        return await registry.open(offer_sdp, session_id)
+    except SdpError as exc:
+        raise ApiError(400, "invalid_sdp", str(exc)) from None
+
+
+# -- handlers ---------------------------------------------------------------------------------
+
+async def create_call(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    payload = parse_offer_json(await read_body(request, "application/json"))
+    session_id = session_for(payload, config)
+    call, answer = await answer_offer(request, payload["sdp"], session_id)
+    location = f"/v1/calls/{call.call_id}"
+    body = {
+        "call_id": call.call_id,
+        "session_id": session_id,
+        "resume_token": tokens.issue(session_id, config.secret, config.resume_token_ttl_s),
+        "sdp": answer,
+        "type": "answer",
+    }
+    return web.json_response(body, status=201, headers={"Location": location})
+
+
+async def create_whip(request: web.Request) -> web.Response:
+    offer = decode_text(await read_body(request, "application/sdp"))
+    call, answer = await answer_offer(request, offer, secrets.token_hex(12))
+    headers = {"Location": f"/v1/whip/{call.call_id}", "Content-Type": "application/sdp"}
+    return web.Response(status=201, text=answer, headers=headers, content_type=None)
+
+
+async def delete_call(request: web.Request) -> web.Response:
+    registry = request.app[CALLS_KEY]
+    call = registry.calls.get(request.match_info["call_id"])
+    if call is None:
+        raise ApiError(404, "call_not_found", "no such call on this node")
+    await call.close("hangup")
+    return web.Response(status=204)
+
+
+async def livez(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    registry = request.app[CALLS_KEY]
+    retry = {"Retry-After": str(registry.config.retry_after_s)}
+    if registry.draining:
+        return error_response(503, "draining", "this node is draining", retry)
+    if registry.full:
+        return error_response(503, "full", "this node is at its session limit", retry)
+    return web.json_response({"status": "ready", "active_sessions": registry.active})
+
+
+_templates = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "web"), autoescape=True)
+
+
+async def demo_page(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    html = _templates.get_template("index.html").render(mode=config.mode, echo_delay_ms=config.echo_delay_ms)
+    return web.Response(text=html, content_type="text/html")
+
+
+def create_app(config: Config) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+    app[CONFIG_KEY] = config
+    app[CALLS_KEY] = CallRegistry(config)
+    app.router.add_post("/v1/calls", create_call)
+    app.router.add_delete("/v1/calls/{call_id}", delete_call)
+    app.router.add_post("/v1/whip", create_whip)
+    app.router.add_delete("/v1/whip/{call_id}", delete_call)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", demo_page)
+    app.router.add_static("/static", ROOT / "static")
+
+    async def close_calls(app: web.Application) -> None:
+        await app[CALLS_KEY].close_all("shutdown")
+
+    app.on_shutdown.append(close_calls)
+    return app

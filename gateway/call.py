@@ -1,0 +1,136 @@
+"""One WebRTC call: the peer connection, its inbound playout, outbound pacer and events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable, Optional
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+
+from .config import Config
+from .echo_test import EchoTest
+from .events import EventChannel
+from .logs import CallLogger
+from .pacer import PacedAudioTrack
+from .playout import Playout
+from .sdp import SdpError, check_offer, enable_opus_fec, opus_payload_type
+
+log = logging.getLogger("parley.call")
+
+EVENTS_CHANNEL_LABEL = "events"
+
+
+class Call:
+    def __init__(self, call_id: str, session_id: str, config: Config,
+                 on_closed: Callable[["Call"], Awaitable[None] | None]) -> None:
+        self.call_id = call_id
+        self.session_id = session_id
+        self.config = config
+        self.created = time.monotonic()
+        self.close_reason: Optional[str] = None
+        self.log = CallLogger(log, {"call_id": call_id, "session_id": session_id})
+        ice_servers = [RTCIceServer(url) for url in config.stun_urls]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers))
+        self.events = EventChannel()
+        self.pacer = PacedAudioTrack(bitrate=config.opus_bitrate)
+        self.mode = EchoTest(self.pacer, config.echo_delay_ms)
+        self.playout = Playout(self.mode.on_audio)
+        self._on_closed = on_closed
+        self._tasks: list[asyncio.Task] = []
+        self._closing = False
+        self.closed = asyncio.Event()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the caller's offer and return our answer (all candidates included)."""
+        check_offer(offer_sdp)
+        if opus_payload_type(offer_sdp) is None:
+            raise SdpError("offer has no Opus codec; Parley's WebRTC calls need audio/opus")
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        except Exception as exc:  # aiortc raises many types on bad SDP
+            raise SdpError(f"SDP offer could not be parsed: {exc or type(exc).__name__}") from None
+        audio = [t for t in self.pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise SdpError("SDP offer has no audio media section (m=audio)")
+        opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
+        audio[0].setCodecPreferences(opus)
+        self.pc.addTrack(self.pacer)
+        self.playout.attach(audio[0].receiver)
+        try:
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except Exception as exc:
+            raise SdpError(f"cannot answer this offer: {exc}") from None
+        answer = self.pc.localDescription.sdp
+        if opus_payload_type(answer) is None:
+            raise SdpError("no codec in common: Parley needs audio/opus")
+        self.playout.start()
+        self._spawn(self._stats_loop())
+        self._spawn(self._connect_watchdog())
+        self.log.info("call answered", extra={"mode": self.config.mode})
+        return enable_opus_fec(answer)
+
+    def _spawn(self, coro) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _on_datachannel(self, channel) -> None:
+        if channel.label != EVENTS_CHANNEL_LABEL:
+            return
+        self.events.attach(channel)
+        self.events.emit("session.ready", call_id=self.call_id, session_id=self.session_id,
+                         sample_rate=16000, **self.mode.describe())
+
+    def stats(self) -> dict:
+        return {
+            "connection": self.pc.connectionState,
+            "jitter": self.playout.buffer.stats.as_dict(),
+            "pacer": self.pacer.stats.as_dict(),
+        }
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval_s)
+            if self.events.is_open:
+                self.events.emit("call.stats", **self.stats())
+
+    # -- tear-down --------------------------------------------------------------------------
+
+    async def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        self.log.info("connection state", extra={"state": state})
+        if state in ("failed", "closed"):
+            await self.close(f"connection_{state}")
+
+    async def _connect_watchdog(self) -> None:
+        await asyncio.sleep(self.config.connect_timeout_s)
+        if self.pc.connectionState != "connected":
+            await self.close("connect_timeout")
+
+    async def close(self, reason: str) -> None:
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        self.close_reason = reason
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        await self.playout.stop()
+        self.pacer.stop()
+        try:
+            await self.pc.close()
+        except Exception:
+            self.log.exception("error while closing the peer connection")
+        self.log.info("call closed", extra={"reason": reason, "duration_s": round(time.monotonic() - self.created, 1)})
+        self.closed.set()
+        result = self._on_closed(self)
+        if asyncio.iscoroutine(result):
+            await result

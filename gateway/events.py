@@ -1,0 +1,81 @@
+"""The `events` data channel: server-to-client JSON events in a {type, seq, t} envelope.
+
+Every event a call emits is numbered (seq starts at 1) and timestamped (t, Unix seconds).
+Events raised before the client's channel opens are queued and sent on open, so the
+client sees an unbroken sequence. The schema is documented in docs/events.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Optional
+
+MAX_QUEUED_EVENTS = 256  # held until the channel opens; oldest dropped beyond this
+MAX_CLIENT_MESSAGE_BYTES = 16 * 1024
+
+
+class EventChannel:
+    def __init__(self, on_client_message: Optional[Callable[[dict], None]] = None) -> None:
+        self.seq = 0
+        self._channel: Any = None
+        self._pending: Deque[str] = deque(maxlen=MAX_QUEUED_EVENTS)
+        self._on_client_message = on_client_message
+        self.sent = 0
+
+    def attach(self, channel: Any) -> None:
+        """Adopt the client's RTCDataChannel; flush queued events once it is open."""
+        self._channel = channel
+        channel.on("open", self._flush)
+        channel.on("message", self._receive)
+        if channel.readyState == "open":
+            self._flush()
+
+    @property
+    def is_open(self) -> bool:
+        return self._channel is not None and self._channel.readyState == "open"
+
+    def emit(self, type_: str, **fields: Any) -> dict:
+        self.seq += 1
+        event = {"type": type_, "seq": self.seq, "t": round(time.time(), 3), **fields}
+        text = json.dumps(event, separators=(",", ":"))
+        if self.is_open:
+            self._send(text)
+        else:
+            self._pending.append(text)
+        return event
+
+    def error(self, code: str, message: str) -> dict:
+        return self.emit("error", code=code, message=message)
+
+    def _flush(self) -> None:
+        while self._pending and self.is_open:
+            self._send(self._pending.popleft())
+
+    def _send(self, text: str) -> None:
+        try:
+            self._channel.send(text)
+            self.sent += 1
+        except Exception:  # the transport closed under us; the call is ending
+            pass
+
+    def _receive(self, message: Any) -> None:
+        """Client messages are JSON objects with a `type`; anything else gets an `error` event."""
+        if isinstance(message, bytes) or len(message) > MAX_CLIENT_MESSAGE_BYTES:
+            self.error("bad_message", "client messages must be JSON text under 16 KiB")
+            return
+        try:
+            parsed = json.loads(message)
+        except ValueError:
+            self.error("bad_message", "client message is not valid JSON")
+            return
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
+            self.error("bad_message", "client message must be an object with a string 'type'")
+            return
+        if parsed["type"] == "ping":
+            self.emit("pong", ping_id=parsed.get("id"))
+        elif self._on_client_message is not None:
+            self._on_client_message(parsed)
+        else:
+            self.error("unknown_message", f"unknown client message type {parsed['type'][:40]!r}")

@@ -1,0 +1,193 @@
+"""Outbound audio: a paced, pre-encoded Opus track.
+
+aiortc's RTP sender sends each frame the moment `track.recv()` returns, so pacing is the
+track's job. The pacer keeps its own clock: frame n leaves at `start + n * 20 ms` on the
+monotonic clock (no accumulated drift), carries pts = running sample count, and is
+silence when nothing is queued. It encodes with Parley's own Opus encoder (mono, ~32
+kbit/s, in-band FEC) and hands aiortc finished packets, bypassing aiortc's 96 kbit/s
+stereo encoder. `flush()` empties the queue: the next frame sent is silence, so a
+barge-in stops the caller's audio within one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Optional
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from .opus import OpusEncoder
+
+SAMPLE_RATE = 48000  # Opus input rate and RTP clock
+FRAME_MS = 20
+FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000  # 960
+TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+MAX_QUEUED_S = 120  # refuse to hold more than two minutes of unsent audio
+RESYNC_LATE_S = 0.5  # a wake-up this late means the loop stalled: restart the clock, don't burst
+LATENESS_WINDOW = 3000  # frames kept for percentiles (one minute)
+
+
+@dataclass
+class PacerStats:
+    frames_sent: int = 0
+    audio_frames: int = 0  # frames that carried queued audio (at least partly)
+    silence_frames: int = 0
+    audio_samples_sent: int = 0  # queued samples that went out, at 48 kHz
+    underruns: int = 0  # audio ran out mid-frame (padded with silence)
+    flushes: int = 0
+    flushed_samples: int = 0
+    clock_resyncs: int = 0
+    queued_ms: float = 0.0
+    lateness_ms_p50: float = 0.0
+    lateness_ms_p99: float = 0.0
+    lateness_ms_max: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+class _Resampler:
+    """int16 mono at any rate -> int16 mono at 48 kHz, streaming (keeps filter state)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        self._pts = 0
+
+    def __call__(self, pcm: np.ndarray) -> np.ndarray:
+        if self.rate == SAMPLE_RATE:
+            return pcm
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.rate
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, self.rate)
+        self._pts += len(pcm)
+        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int16)
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    """A MediaStreamTrack that yields Opus packets on a steady 20 ms clock."""
+
+    kind = "audio"
+
+    def __init__(self, bitrate: int = 32000, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._encoder = OpusEncoder(SAMPLE_RATE, bitrate)
+        self._queue: Deque[np.ndarray] = deque()
+        self._queued_samples = 0
+        self._resamplers: dict[int, _Resampler] = {}
+        self._start: Optional[float] = None
+        self._pts = 0
+        self._lateness: Deque[float] = deque(maxlen=LATENESS_WINDOW)
+        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self.stats = PacerStats()
+
+    # -- producer side ------------------------------------------------------------------
+
+    def write(self, pcm: np.ndarray, sample_rate: int) -> None:
+        """Queue int16 mono audio at any rate; it plays after what is already queued."""
+        if pcm.dtype != np.int16:
+            raise TypeError("pacer takes int16 PCM")
+        resample = self._resamplers.get(sample_rate)
+        if resample is None:
+            resample = self._resamplers[sample_rate] = _Resampler(sample_rate)
+        out = resample(np.ascontiguousarray(pcm.reshape(-1)))
+        if len(out) == 0:
+            return
+        if self._queued_samples + len(out) > MAX_QUEUED_S * SAMPLE_RATE:
+            raise OverflowError("pacer queue is full")
+        self._queue.append(out)
+        self._queued_samples += len(out)
+
+    def flush(self) -> int:
+        """Drop everything queued; returns the dropped sample count (48 kHz)."""
+        dropped = self._queued_samples
+        self._queue.clear()
+        self._queued_samples = 0
+        self.stats.flushes += 1
+        self.stats.flushed_samples += dropped
+        return dropped
+
+    @property
+    def queued_ms(self) -> float:
+        return self._queued_samples * 1000.0 / SAMPLE_RATE
+
+    @property
+    def played_samples(self) -> int:
+        """Queued audio samples sent so far (48 kHz): where playback has got to."""
+        return self.stats.audio_samples_sent
+
+    # -- consumer side (aiortc's RTP sender) -----------------------------------------
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._wait_for_slot()
+        pcm = self._next_frame()
+        packet = av.Packet(self._encoder.encode(pcm))
+        packet.pts = self._pts
+        packet.time_base = TIME_BASE
+        self._pts += FRAME_SAMPLES
+        self.stats.frames_sent += 1
+        return packet
+
+    async def _wait_for_slot(self) -> None:
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        deadline = self._start + self._pts / SAMPLE_RATE
+        if deadline > now:
+            await asyncio.sleep(deadline - now)
+            now = self._clock()
+        late = now - deadline
+        if late > RESYNC_LATE_S:
+            # Sending the backlog in a burst would only overflow the far end's buffer.
+            self.stats.clock_resyncs += 1
+            self._start = now - self._pts / SAMPLE_RATE
+            late = 0.0
+        self._record_lateness(late * 1000.0)
+
+    def _next_frame(self) -> np.ndarray:
+        if not self._queue:
+            self.stats.silence_frames += 1
+            self.stats.queued_ms = 0.0
+            return self._silence
+        parts, need = [], FRAME_SAMPLES
+        while need and self._queue:
+            head = self._queue[0]
+            take = head[:need]
+            parts.append(take)
+            need -= len(take)
+            if len(take) == len(head):
+                self._queue.popleft()
+            else:
+                self._queue[0] = head[len(take):]
+        taken = FRAME_SAMPLES - need
+        self._queued_samples -= taken
+        self.stats.audio_samples_sent += taken
+        self.stats.audio_frames += 1
+        if need:
+            self.stats.underruns += 1
+            parts.append(np.zeros(need, dtype=np.int16))
+        self.stats.queued_ms = self.queued_ms
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _record_lateness(self, late_ms: float) -> None:
+        self._lateness.append(late_ms)
+        if self.stats.frames_sent % 25 == 0:  # percentiles twice a second are plenty
+            values = np.fromiter(self._lateness, dtype=np.float64)
+            self.stats.lateness_ms_p50 = float(np.percentile(values, 50))
+            self.stats.lateness_ms_p99 = float(np.percentile(values, 99))
+        self.stats.lateness_ms_max = max(self.stats.lateness_ms_max, late_ms)
+
+    def lateness_samples(self) -> list[float]:
+        """Recent per-frame send lateness in ms (for benchmarks)."""
+        return list(self._lateness)

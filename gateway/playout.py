@@ -1,0 +1,99 @@
+"""Inbound audio: RTP packets into Parley's jitter buffer, pulled by a 20 ms playout clock.
+
+aiortc's RTCRtpReceiver parses, authenticates and counts RTP (RTCP receiver reports keep
+working), then hands each packet to its jitter buffer. We swap that buffer for a thin
+adapter that feeds Parley's JitterBuffer and returns nothing, so aiortc's own buffer and
+decoder thread never run. A Playout task then pulls one frame every 20 ms on the
+monotonic clock and hands 16 kHz mono frames to the call's audio sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .jitter import FRAME_MS, SAMPLE_RATE, JitterBuffer
+from .opus import OpusDecoder
+
+FRAME_S = FRAME_MS / 1000
+MAX_CATCH_UP_FRAMES = 10  # after a stalled loop, pull at most this many frames at once
+
+log = logging.getLogger(__name__)
+
+AudioSink = Callable[[np.ndarray], None]  # one 20 ms frame of 16 kHz int16 mono
+
+
+class _ReceiverHook:
+    """Stands in for aiortc's audio JitterBuffer inside RTCRtpReceiver (same add() shape)."""
+
+    def __init__(self, buffer: JitterBuffer, clock: Callable[[], float]) -> None:
+        self._buffer = buffer
+        self._clock = clock
+
+    def add(self, packet: Any) -> tuple[bool, None]:
+        self._buffer.put(packet.sequence_number, packet.timestamp, bytes(packet.payload), self._clock())
+        return False, None
+
+
+def attach_to_receiver(receiver: Any, buffer: JitterBuffer, clock: Callable[[], float] = time.monotonic) -> None:
+    """Route an aiortc audio receiver's RTP packets into `buffer` (aiortc 1.16 internals)."""
+    attribute = "_RTCRtpReceiver__jitter_buffer"
+    if not hasattr(receiver, attribute):
+        raise RuntimeError("this aiortc version has no audio jitter buffer to replace")
+    setattr(receiver, attribute, _ReceiverHook(buffer, clock))
+
+
+class Playout:
+    """Pulls the jitter buffer every 20 ms and delivers frames to a sink, drift-free."""
+
+    def __init__(self, sink: AudioSink, clock: Callable[[], float] = time.monotonic) -> None:
+        self.buffer = JitterBuffer(OpusDecoder(SAMPLE_RATE))
+        self._sink = sink
+        self._clock = clock
+        self._task: Optional[asyncio.Task] = None
+        self.frames_delivered = 0
+        self.catch_up_frames = 0
+
+    def attach(self, receiver: Any) -> None:
+        attach_to_receiver(receiver, self.buffer, self._clock)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        start = self._clock()
+        tick = 0
+        while True:
+            deadline = start + tick * FRAME_S
+            delay = deadline - self._clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            due = int((self._clock() - start) / FRAME_S) + 1 - tick
+            if due > MAX_CATCH_UP_FRAMES:
+                # The loop stalled for a long time: skip ahead rather than flood the sink.
+                tick += due - MAX_CATCH_UP_FRAMES
+                due = MAX_CATCH_UP_FRAMES
+            for _ in range(max(1, due)):
+                frame = self.buffer.pull(self._clock())
+                try:
+                    self._sink(frame.pcm)
+                except Exception:
+                    log.exception("audio sink failed")
+                self.frames_delivered += 1
+                tick += 1
+            if due > 1:
+                self.catch_up_frames += due - 1

@@ -1,0 +1,58 @@
+"""Fixtures: a real gateway on a random loopback port, real aiortc peers."""
+
+from __future__ import annotations
+
+import socket
+from typing import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gateway.app import CALLS_KEY, create_app
+from gateway.config import Config
+from gateway.ice import use_host_addresses
+
+# Media in tests stays on loopback: never gather candidates on other interfaces.
+use_host_addresses(["127.0.0.1"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gateway:
+    def __init__(self, app: web.Application, url: str) -> None:
+        self.app, self.url = app, url
+
+    @property
+    def registry(self):
+        return self.app[CALLS_KEY]
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[Callable[..., "Gateway"]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(**settings) -> Gateway:
+        config = Config(ice_addresses=["127.0.0.1"], **settings).validate()
+        app = create_app(config)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return Gateway(app, f"http://127.0.0.1:{port}")
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -1,0 +1,138 @@
+"""A real aiortc caller for tests and benchmarks: sends a signal, records what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from typing import Any, Optional
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+RATE = 48000
+FRAME = 960
+
+
+class SignalTrack(MediaStreamTrack):
+    """Plays float32 mono samples at 48 kHz in real time, then silence."""
+
+    kind = "audio"
+
+    def __init__(self, samples: Optional[np.ndarray] = None) -> None:
+        super().__init__()
+        self.samples = samples if samples is not None else np.zeros(0, dtype=np.float32)
+        self.started_at: Optional[float] = None  # monotonic time of the first frame
+        self._pts = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        wait = self.started_at + self._pts / RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        chunk = self.samples[self._pts:self._pts + FRAME]
+        pcm = np.zeros(FRAME, dtype=np.int16)
+        pcm[:len(chunk)] = np.clip(chunk * 32767, -32768, 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._pts += FRAME
+        return frame
+
+
+class Caller:
+    """One aiortc peer that calls the gateway over POST /v1/calls."""
+
+    def __init__(self, base_url: str, samples: Optional[np.ndarray] = None) -> None:
+        self.base_url = base_url
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.track = SignalTrack(samples)
+        self.received: list[np.ndarray] = []
+        self.first_audio_at: Optional[float] = None
+        self.events: list[dict[str, Any]] = []
+        self.event_arrived = asyncio.Event()
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.response: dict[str, Any] = {}
+        self._recorder: Optional[asyncio.Task] = None
+
+    def _on_message(self, message: str) -> None:
+        self.events.append(json.loads(message))
+        self.event_arrived.set()
+
+    async def call(self, session: aiohttp.ClientSession, resume_token: Optional[str] = None) -> dict:
+        self.pc.addTrack(self.track)
+        self.pc.on("track", self._on_track)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        if resume_token:
+            body["resume_token"] = resume_token
+        async with session.post(self.base_url + "/v1/calls", json=body) as response:
+            self.response = await response.json()
+            if response.status != 201:
+                raise RuntimeError(f"call refused: {response.status} {self.response}")
+            self.response["location"] = response.headers["Location"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(self.response["sdp"], "answer"))
+        return self.response
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._recorder = asyncio.ensure_future(self._record(track))
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic() - frame.samples / frame.sample_rate
+            pcm = frame.to_ndarray().reshape(-1)
+            if frame.layout.name == "stereo":
+                pcm = pcm[::2]
+            self.received.append(pcm.astype(np.float32) / 32768)
+
+    def recording(self) -> np.ndarray:
+        return np.concatenate(self.received) if self.received else np.zeros(0, dtype=np.float32)
+
+    async def wait_for_event(self, type_: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events:
+                if event["type"] == type_:
+                    return event
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {type_} event within {timeout} s; got {[e['type'] for e in self.events]}")
+            self.event_arrived.clear()
+            try:
+                await asyncio.wait_for(self.event_arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def wait_connected(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.pc.connectionState != "connected":
+            if self.pc.connectionState in ("failed", "closed") or time.monotonic() > deadline:
+                raise RuntimeError(f"connection {self.pc.connectionState}")
+            await asyncio.sleep(0.05)
+
+    async def hang_up(self, session: aiohttp.ClientSession) -> int:
+        status = 0
+        if self.response.get("location"):
+            async with session.delete(self.base_url + self.response["location"]) as response:
+                status = response.status
+        await self.close()
+        return status
+
+    async def close(self) -> None:
+        if self._recorder:
+            self._recorder.cancel()
+        await self.pc.close()
