@@ -20,6 +20,7 @@ from aiohttp import web
 from . import tokens
 from .call import Call
 from .config import Config
+from .loop_monitor import LoopLagMonitor
 from .sdp import MAX_SDP_BYTES, SdpError
 
 log = logging.getLogger("parley.app")
@@ -70,6 +71,7 @@ class CallRegistry:
         self.calls: dict[str, Call] = {}
         self._reserved = 0
         self.draining = False
+        self.loop_lag = LoopLagMonitor()
 
     @property
     def active(self) -> int:
@@ -88,7 +90,7 @@ class CallRegistry:
 
     async def open(self, offer_sdp: str, session_id: str) -> tuple[Call, str]:
         """Answer an offer; the caller must have reserved a slot."""
-        call = Call(secrets.token_hex(8), session_id, self.config, self._forget)
+        call = Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag)
         try:
             answer = await call.answer(offer_sdp)
         except BaseException:
@@ -233,8 +235,13 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/", demo_page)
     app.router.add_static("/static", ROOT / "static")
 
+    async def start_monitor(app: web.Application) -> None:
+        app[CALLS_KEY].loop_lag.start()
+
     async def close_calls(app: web.Application) -> None:
         await app[CALLS_KEY].close_all("shutdown")
+        await app[CALLS_KEY].loop_lag.stop()
 
+    app.on_startup.append(start_monitor)
     app.on_shutdown.append(close_calls)
     return app

@@ -13,6 +13,7 @@ from .config import Config
 from .echo_test import EchoTest
 from .events import EventChannel
 from .logs import CallLogger
+from .loop_monitor import LoopLagMonitor
 from .pacer import PacedAudioTrack
 from .playout import Playout
 from .sdp import SdpError, check_offer, enable_opus_fec, opus_payload_type
@@ -24,7 +25,8 @@ EVENTS_CHANNEL_LABEL = "events"
 
 class Call:
     def __init__(self, call_id: str, session_id: str, config: Config,
-                 on_closed: Callable[["Call"], Awaitable[None] | None]) -> None:
+                 on_closed: Callable[["Call"], Awaitable[None] | None],
+                 loop_lag: Optional[LoopLagMonitor] = None) -> None:
         self.call_id = call_id
         self.session_id = session_id
         self.config = config
@@ -38,6 +40,7 @@ class Call:
         self.mode = EchoTest(self.pacer, config.echo_delay_ms)
         self.playout = Playout(self.mode.on_audio)
         self._on_closed = on_closed
+        self._loop_lag = loop_lag
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self.closed = asyncio.Event()
@@ -92,6 +95,7 @@ class Call:
             "connection": self.pc.connectionState,
             "jitter": self.playout.buffer.stats.as_dict(),
             "pacer": self.pacer.stats.as_dict(),
+            "loop": self._loop_lag.summary() if self._loop_lag else {},
         }
 
     async def _stats_loop(self) -> None:

@@ -83,7 +83,7 @@ class JitterStats:
     packets_dropped: int = 0  # discarded to cut delay (catch-up, resync)
     packets_invalid: int = 0  # empty payloads and packets the decoder rejected
     frames_pulled: int = 0
-    fec_recovered: int = 0
+    fec_decodes: int = 0  # losses concealed from the next packet's in-band FEC (libopus falls back to PLC if it has none)
     concealed_samples: int = 0  # samples produced by FEC, PLC or comfort silence after start
     concealment_events: int = 0  # runs of consecutive concealed frames
     silence_inserted: int = 0  # frames inserted in silence to raise delay to target
@@ -296,7 +296,7 @@ class JitterBuffer:
                 pcm = _fit(self.decoder.decode_fec(following.payload))
             except Exception:
                 return self._conceal()
-            self.stats.fec_recovered += 1
+            self.stats.fec_decodes += 1
             return self._concealed_frame(pcm, "fec")
         return self._conceal()
 

@@ -16,7 +16,7 @@ import fractions
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Optional
+from typing import Awaitable, Callable, Deque, Optional
 
 import av
 import numpy as np
@@ -77,9 +77,11 @@ class PacedAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, bitrate: int = 32000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bitrate: int = 32000, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         super().__init__()
         self._clock = clock
+        self._sleep = sleep
         self._encoder = OpusEncoder(SAMPLE_RATE, bitrate)
         self._queue: Deque[np.ndarray] = deque()
         self._queued_samples = 0
@@ -145,7 +147,7 @@ class PacedAudioTrack(MediaStreamTrack):
             self._start = now
         deadline = self._start + self._pts / SAMPLE_RATE
         if deadline > now:
-            await asyncio.sleep(deadline - now)
+            await self._sleep(deadline - now)
             now = self._clock()
         late = now - deadline
         if late > RESYNC_LATE_S:

@@ -11,22 +11,20 @@ import numpy as np
 
 from gateway.jitter import FRAME_MS, JitterBuffer, RTP_TICKS_PER_FRAME
 from gateway.opus import OpusDecoder, OpusEncoder
+from tests.signals import voiced_speech
 
 FRAME_S = FRAME_MS / 1000
 
 
 def talk_spurts(n_frames: int, seed: int = 1) -> list[bytes]:
-    """Opus packets of speech-like audio: 1-3 s tone bursts separated by 0.4-1.2 s of silence."""
+    """Opus packets of talk spurts: 1-3 s of voiced speech separated by 0.4-1.2 s of silence."""
     rng = random.Random(seed)
     encoder = OpusEncoder(48000)
     packets: list[bytes] = []
-    t = np.arange(960) / 48000
+    voice = (voiced_speech(3.0, 48000, seed) * 32767).astype(np.int16)
     while len(packets) < n_frames:
-        for _ in range(rng.randint(50, 150)):
-            f = rng.choice([180, 220, 300])
-            phase = len(packets) * 960 / 48000
-            tone = 6000 * np.sin(2 * np.pi * f * (t + phase)) + 3000 * np.sin(2 * np.pi * 3 * f * (t + phase))
-            packets.append(encoder.encode(tone.astype(np.int16)))
+        for k in range(rng.randint(50, 150)):
+            packets.append(encoder.encode(voice[k * 960:(k + 1) * 960]))
         for _ in range(rng.randint(20, 60)):
             packets.append(encoder.encode(np.zeros(960, dtype=np.int16)))
     return packets[:n_frames]

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from tests.peer import RATE, Caller
-from tests.signals import chirp_sequence, find_signal, resample
+from tests.signals import chirp_sequence, match_chirps, resample
 
 ECHO_DELAY_MS = 300
 
@@ -38,10 +38,13 @@ async def test_echo_returns_the_signal(start_gateway, http):
 
     recorded = resample(caller.recording(), RATE, 16000)
     reference = resample(signal, RATE, 16000)
-    offset, match = find_signal(reference, recorded)
-    delay_ms = (caller.first_audio_at + offset / 16000 - caller.track.started_at) * 1000
-    print(f"echo match={match:.3f} delay_ms={delay_ms:.1f}")
-    assert match > 0.5, f"returned audio does not match the chirps (ncc={match:.2f})"
+    chirps = match_chirps(reference, recorded, 16000)
+    print("chirps (delay s, ncc):", [(round(d, 3), round(c, 2)) for d, c in chirps])
+    heard = [delay for delay, ncc in chirps if ncc > 0.6]
+    assert len(heard) >= len(chirps) - 1, f"returned audio does not match the chirps: {chirps}"
+    # One path delay for all chirps (up to a few 20 ms frames the jitter buffer may drop in silence).
+    assert max(heard) - min(heard) <= 0.1
+    delay_ms = (caller.first_audio_at + float(np.median(heard)) - caller.track.started_at) * 1000
     assert ECHO_DELAY_MS <= delay_ms <= ECHO_DELAY_MS + 600, delay_ms
 
     assert await caller.hang_up(http) == 204

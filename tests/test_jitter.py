@@ -44,7 +44,7 @@ def test_random_loss_is_counted_exactly_and_concealed_with_fec(packets):
     s = trace.buffer.stats
     assert s.packets_lost == len(lost) > 100
     assert s.packets_late == 0 and s.packets_duplicate == 0
-    assert s.fec_recovered >= 0.8 * len(lost)  # isolated losses come back from the next packet
+    assert s.fec_decodes >= 0.8 * len(lost)  # isolated losses come back from the next packet
     assert s.concealed_samples >= len(lost) * 320
     assert accounted(s) == s.packets_received
 

@@ -1,0 +1,92 @@
+"""Audio front-end for the speech engine: causal log-mel features, computed incrementally.
+
+Frame i covers samples [i * HOP_LENGTH, i * HOP_LENGTH + N_FFT): no centring, so a frame
+never looks past the audio it was computed from, and the streaming path (StreamingLogMel)
+yields exactly the frames of the offline path (log_mel). Normalisation is a fixed affine
+map, never utterance statistics, which would look into the future.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+SAMPLE_RATE = 16000  # everything in the engine listens at 16 kHz
+N_FFT = 400  # 25 ms analysis window
+HOP_LENGTH = 160  # 10 ms between mel frames
+N_MELS = 80
+FRAMES_PER_STEP = 4  # mel frames stacked into one model frame
+STEP_SAMPLES = HOP_LENGTH * FRAMES_PER_STEP  # 640 samples: the model runs every 40 ms
+LOG_FLOOR = 1e-6  # keeps log() finite in digital silence
+LOG_MEL_MEAN, LOG_MEL_STD = -6.0, 4.0  # fixed global normalisation (typical speech range)
+
+
+def _hz_to_mel(hz: float) -> float:
+    return 2595.0 * math.log10(1.0 + hz / 700.0)
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    return 700.0 * (10 ** (mel / 2595.0) - 1.0)
+
+
+@lru_cache(maxsize=None)
+def mel_filters(n_mels: int = N_MELS, n_fft: int = N_FFT, sample_rate: int = SAMPLE_RATE) -> Tensor:
+    """Triangular HTK-mel filterbank [n_mels, n_fft // 2 + 1], area-normalised (Slaney)."""
+    bins = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(20.0), _hz_to_mel(sample_rate / 2 - 200), n_mels + 2))
+    filters = np.zeros((n_mels, len(bins)), dtype=np.float32)
+    for m in range(n_mels):
+        left, centre, right = edges[m], edges[m + 1], edges[m + 2]
+        rising = (bins - left) / (centre - left)
+        falling = (right - bins) / (right - centre)
+        filters[m] = np.maximum(0, np.minimum(rising, falling)) * 2.0 / (right - left)
+    return torch.from_numpy(filters)
+
+
+@lru_cache(maxsize=None)
+def _window(n_fft: int = N_FFT) -> Tensor:
+    return torch.hann_window(n_fft, periodic=True)
+
+
+def log_mel(audio: Tensor) -> Tensor:
+    """float audio [..., samples] in [-1, 1] at 16 kHz -> normalised log-mel [..., frames, N_MELS].
+
+    frames = 1 + (samples - N_FFT) // HOP_LENGTH (0 when shorter than one window).
+    """
+    audio = audio.float()
+    if audio.shape[-1] < N_FFT:
+        return audio.new_zeros(*audio.shape[:-1], 0, N_MELS)
+    frames = audio.unfold(-1, N_FFT, HOP_LENGTH) * _window().to(audio.device)
+    power = torch.fft.rfft(frames, n=N_FFT).abs().pow(2)
+    mel = power @ mel_filters().to(audio.device).T
+    return (torch.log(mel + LOG_FLOOR) - LOG_MEL_MEAN) / LOG_MEL_STD
+
+
+class StreamingLogMel:
+    """log_mel() over audio that arrives in pieces of any size; same frames, in order."""
+
+    def __init__(self) -> None:
+        self._pending = torch.zeros(0)
+
+    def push(self, audio: Tensor) -> Tensor:
+        """Append float audio [samples]; returns the newly complete frames [n, N_MELS]."""
+        self._pending = torch.cat([self._pending, audio.float().reshape(-1)])
+        frames = log_mel(self._pending)
+        consumed = frames.shape[0] * HOP_LENGTH
+        self._pending = self._pending[consumed:]
+        return frames
+
+
+def stack_frames(mels: Tensor) -> Tensor:
+    """[..., frames, N_MELS] -> [..., frames // FRAMES_PER_STEP, FRAMES_PER_STEP * N_MELS]."""
+    steps = mels.shape[-2] // FRAMES_PER_STEP
+    mels = mels[..., : steps * FRAMES_PER_STEP, :]
+    return mels.reshape(*mels.shape[:-2], steps, FRAMES_PER_STEP * N_MELS)
+
+
+def int16_to_float(pcm: np.ndarray) -> np.ndarray:
+    return pcm.astype(np.float32) / 32768.0

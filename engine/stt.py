@@ -1,0 +1,201 @@
+"""Streaming speech-to-text: an SSM encoder with a CTC head and an end-of-turn head.
+
+    16 kHz audio ─► log-mel (10 ms) ─► stack 4 frames (causal stride-4 subsampling, 40 ms)
+      ─► Linear + GELU ─► RecurrentStack (RG-LRU blocks) ─┬► CTC head: characters
+                                                          └► end-of-turn head: speech / pause / end
+
+One model, one fixed-size state per stream: `forward` runs a whole utterance (training,
+offline), `step` runs one 40 ms frame (streaming); both give the same outputs.
+`Recognizer` turns the per-frame outputs into the engine's events (Partial, Final with
+word times, SpeechStart, EndOfTurn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .audio import FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, StreamingLogMel, int16_to_float
+from .interface import EndOfTurn, Final, Partial, SpeechStart, SttEvent
+from .ssm import BlockState, RecurrentStack
+
+VOCAB = ["<blank>", " ", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+BLANK = 0
+CHAR_TO_ID = {c: i for i, c in enumerate(VOCAB)}
+SPEECH, PAUSE, END_OF_TURN = 0, 1, 2  # end-of-turn head classes, per 40 ms frame
+FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
+
+PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
+END_OF_TURN_THRESHOLD = 0.5  # P(end of turn) that closes a turn
+SPEECH_START_FRAMES = 2  # consecutive non-blank/speech frames that mark speech start
+
+
+@dataclass
+class SttConfig:
+    width: int = 256
+    depth: int = 6
+    expand: int = 1
+    mlp_ratio: int = 2
+    vocab_size: int = len(VOCAB)
+
+
+class SttModel(nn.Module):
+    def __init__(self, config: SttConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.input = nn.Linear(FRAMES_PER_STEP * N_MELS, config.width)
+        self.core = RecurrentStack(config.width, config.depth, config.expand, config.mlp_ratio)
+        self.ctc_head = nn.Linear(config.width, config.vocab_size)
+        self.eot_head = nn.Linear(config.width, 3)
+
+    def initial_state(self, batch: int, device=None) -> list[BlockState]:
+        return self.core.initial_state(batch, device)
+
+    def forward(self, stacked: Tensor, state: Optional[list[BlockState]] = None):
+        """stacked mels [B, T, 4 * N_MELS] -> (ctc logits [B, T, V], eot logits [B, T, 3], state)."""
+        hidden, state = self.core(F.gelu(self.input(stacked)), state)
+        return self.ctc_head(hidden), self.eot_head(hidden), state
+
+    def step(self, stacked: Tensor, state: list[BlockState]):
+        """One 40 ms frame [B, 4 * N_MELS] -> (ctc logits [B, V], eot logits [B, 3], state)."""
+        hidden, state = self.core.step(F.gelu(self.input(stacked)), state)
+        return self.ctc_head(hidden), self.eot_head(hidden), state
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
+
+def encode_text(text: str) -> list[int]:
+    """Normalised text (lowercase letters, apostrophes, spaces) -> token ids; others dropped."""
+    return [CHAR_TO_ID[c] for c in text if c in CHAR_TO_ID and c != VOCAB[BLANK]]
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+@dataclass
+class _Emission:
+    char: str
+    frame: int
+
+
+@dataclass
+class GreedyCtc:
+    """Greedy CTC over a stream of frames, remembering where each character was emitted."""
+
+    emissions: list[_Emission] = field(default_factory=list)
+    previous: int = BLANK
+
+    def push(self, token: int, frame: int) -> bool:
+        """Add one frame's best token; True when the text grew."""
+        grew = token != BLANK and token != self.previous
+        if grew:
+            self.emissions.append(_Emission(VOCAB[token], frame))
+        self.previous = token
+        return grew
+
+    def text(self) -> str:
+        return " ".join("".join(e.char for e in self.emissions).split())
+
+    def words(self) -> list[tuple[str, float, float]]:
+        """(word, start s, end s) from the frames where its first and last characters appeared."""
+        words, current = [], []
+        for emission in self.emissions + [_Emission(" ", -1)]:
+            if emission.char == " ":
+                if current:
+                    word = "".join(e.char for e in current)
+                    words.append((word, current[0].frame * FRAME_S, (current[-1].frame + 1) * FRAME_S))
+                current = []
+            else:
+                current.append(emission)
+        return words
+
+    def reset(self) -> None:
+        self.emissions.clear()
+        self.previous = BLANK
+
+
+class Recognizer:
+    """One caller's streaming recognition: audio in, engine events out (single-stream path).
+
+    The batched runtime drives many streams through SttModel.step at once; this class is
+    the reference behaviour for one stream, and what tests and the bench CLI use.
+    """
+
+    def __init__(self, model: SttModel) -> None:
+        self.model = model.eval()
+        self.features = StreamingLogMel()
+        self.state = model.initial_state(1)
+        self._mel_backlog = torch.zeros(0, N_MELS)
+        self.frame = 0
+        self.ctc = GreedyCtc()
+        self._last_partial = ""
+        self._speech_frames = 0
+        self._in_speech = False
+
+    @torch.no_grad()
+    def push(self, pcm: np.ndarray) -> list[SttEvent]:
+        """int16 (or float in [-1, 1]) 16 kHz mono -> events caused by this audio."""
+        audio = int16_to_float(pcm) if pcm.dtype == np.int16 else pcm.astype(np.float32)
+        if not np.all(np.isfinite(audio)):
+            raise ValueError("audio contains NaN or infinite samples")
+        mels = torch.cat([self._mel_backlog, self.features.push(torch.from_numpy(audio))])
+        steps = mels.shape[0] // FRAMES_PER_STEP
+        self._mel_backlog = mels[steps * FRAMES_PER_STEP:]
+        events: list[SttEvent] = []
+        for k in range(steps):
+            stacked = mels[k * FRAMES_PER_STEP:(k + 1) * FRAMES_PER_STEP].reshape(1, -1)
+            ctc_logits, eot_logits, self.state = self.model.step(stacked, self.state)
+            events += self._on_frame(int(ctc_logits.argmax(-1)), torch.softmax(eot_logits[0], -1))
+            self.frame += 1
+        return events
+
+    def _on_frame(self, token: int, eot: Tensor) -> list[SttEvent]:
+        events: list[SttEvent] = []
+        grew = self.ctc.push(token, self.frame)
+        speaking = token != BLANK or int(eot.argmax()) == SPEECH
+        self._speech_frames = self._speech_frames + 1 if speaking else 0
+        if not self._in_speech and self._speech_frames >= SPEECH_START_FRAMES:
+            self._in_speech = True
+            events.append(SpeechStart(t=(self.frame - SPEECH_START_FRAMES + 1) * FRAME_S))
+        text = self.ctc.text()
+        if grew and text != self._last_partial and self.frame % PARTIAL_EVERY_FRAMES == 0:
+            self._last_partial = text
+            events.append(Partial(text))
+        if self._in_speech and text and float(eot[END_OF_TURN]) >= END_OF_TURN_THRESHOLD:
+            events += [Final(text, self.ctc.words()), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
+            self._close_turn()
+        return events
+
+    def flush(self) -> list[SttEvent]:
+        """The audio ended: finalise whatever was heard (no end-of-turn claim)."""
+        text = self.ctc.text()
+        events: list[SttEvent] = [Final(text, self.ctc.words())] if text else []
+        self._close_turn()
+        return events
+
+    def _close_turn(self) -> None:
+        self.ctc.reset()
+        self._last_partial = ""
+        self._in_speech = False
+        self._speech_frames = 0
+
+
+@torch.no_grad()
+def transcribe(model: SttModel, audio: np.ndarray) -> str:
+    """Offline greedy transcription of one utterance (float or int16, 16 kHz)."""
+    from .audio import log_mel, stack_frames
+
+    samples = int16_to_float(audio) if audio.dtype == np.int16 else audio.astype(np.float32)
+    stacked = stack_frames(log_mel(torch.from_numpy(samples))).unsqueeze(0)
+    if stacked.shape[1] == 0:
+        return ""
+    ctc_logits, _, _ = model.eval()(stacked)
+    decoder = GreedyCtc()
+    for frame, token in enumerate(ctc_logits[0].argmax(-1).tolist()):
+        decoder.push(token, frame)
+    return decoder.text()

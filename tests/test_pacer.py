@@ -1,0 +1,98 @@
+"""The outbound pacer on a virtual clock: no drift, silence when idle, flush within a frame."""
+
+import random
+from fractions import Fraction
+
+import numpy as np
+
+from gateway.opus import OpusDecoder
+from gateway.pacer import FRAME_SAMPLES, SAMPLE_RATE, PacedAudioTrack
+
+
+class VirtualClock:
+    """A clock whose sleeps overshoot like a loaded machine's (0-8 ms late)."""
+
+    def __init__(self, seed: int = 1) -> None:
+        self.now = 1000.0
+        self.rng = random.Random(seed)
+        self.stall_next = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds + self.rng.uniform(0, 0.008) + self.stall_next
+        self.stall_next = 0.0
+
+
+def tone(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (8000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
+
+
+async def test_frames_follow_the_clock_without_drift():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    start = None
+    for k in range(3000):  # one minute
+        packet = await pacer.recv()
+        start = clock.now if start is None else start
+        assert packet.pts == k * FRAME_SAMPLES and packet.time_base == Fraction(1, SAMPLE_RATE)
+        # Frame k leaves no earlier than its slot and never more than one oversleep after it:
+        # lateness does not accumulate.
+        slot = start + k * 0.020
+        assert slot - 1e-9 <= clock.now <= slot + 0.0081
+    assert pacer.stats.silence_frames == 3000 and pacer.stats.audio_frames == 0
+    assert pacer.stats.lateness_ms_p99 <= 8.1
+
+
+async def test_queued_audio_plays_in_order_then_silence():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(tone(0.5, 16000), 16000)  # 16 kHz in, resampled to 48 kHz
+    decoder = OpusDecoder(48000)
+    levels = []
+    for _ in range(40):
+        pcm = decoder.decode(bytes(await pacer.recv()))
+        levels.append(float(np.sqrt(np.mean(pcm.astype(np.float32) ** 2))))
+    assert min(levels[2:23]) > 2000  # the tone (after the codec's look-ahead)
+    assert max(levels[30:]) < 50  # then silence
+    assert abs(pacer.stats.audio_samples_sent - 0.5 * SAMPLE_RATE) <= 96  # the resampler keeps < 2 ms
+    assert pacer.stats.silence_frames >= 14
+
+
+async def test_flush_stops_audio_within_one_frame():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(tone(2.0, 24000), 24000)
+    for _ in range(10):
+        await pacer.recv()
+    sent_before = pacer.stats.audio_samples_sent
+    dropped = pacer.flush()
+    assert dropped > 0 and pacer.queued_ms == 0
+    await pacer.recv()  # the very next frame carries none of the flushed audio
+    assert pacer.stats.audio_samples_sent == sent_before
+    assert pacer.stats.flushes == 1 and pacer.stats.flushed_samples == dropped
+
+
+async def test_a_stalled_loop_restarts_the_clock_instead_of_bursting():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    for _ in range(10):
+        await pacer.recv()
+    clock.stall_next = 2.0  # the event loop was blocked for two seconds
+    await pacer.recv()
+    assert pacer.stats.clock_resyncs == 1
+    before = clock.now
+    await pacer.recv()
+    assert clock.now - before >= 0.019  # paced again, not a burst of 100 frames
+
+
+async def test_opus_is_mono_about_32_kbits():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(tone(3.0, 48000, 300.0) + tone(3.0, 48000, 1200.0) // 2, 48000)
+    sizes = [len(bytes(await pacer.recv())) for _ in range(150)]
+    kbits = np.mean(sizes) * 8 * 50 / 1000
+    assert 20 <= kbits <= 40, kbits
+    assert not (bytes(await pacer.recv())[0] & 0x04)  # TOC stereo flag clear: mono

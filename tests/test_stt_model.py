@@ -1,0 +1,63 @@
+"""engine.stt: streaming features and model steps equal the offline path; events are well-formed."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.audio import N_FFT, HOP_LENGTH, StreamingLogMel, log_mel, stack_frames
+from engine.interface import EndOfTurn, Final, Partial, SpeechStart
+from engine.stt import GreedyCtc, Recognizer, SttConfig, SttModel, VOCAB, encode_text, transcribe
+
+
+def test_streaming_log_mel_equals_offline():
+    rng = np.random.default_rng(0)
+    audio = torch.from_numpy(rng.normal(0, 0.1, 16000 * 2).astype(np.float32))
+    offline = log_mel(audio)
+    stream, pieces, start = StreamingLogMel(), [], 0
+    while start < len(audio):
+        size = int(rng.integers(1, 900))
+        pieces.append(stream.push(audio[start:start + size]))
+        start += size
+    streamed = torch.cat(pieces)
+    assert offline.shape == (1 + (len(audio) - N_FFT) // HOP_LENGTH, 80)
+    assert streamed.shape == offline.shape
+    assert torch.allclose(streamed, offline, atol=1e-5)
+
+
+def test_model_step_equals_forward():
+    torch.manual_seed(0)
+    model = SttModel(SttConfig(width=48, depth=2)).eval()
+    audio = torch.randn(16000) * 0.1
+    stacked = stack_frames(log_mel(audio)).unsqueeze(0)
+    with torch.no_grad():
+        ctc, eot, _ = model(stacked)
+        state = model.initial_state(1)
+        for t in range(stacked.shape[1]):
+            c, e, state = model.step(stacked[:, t], state)
+            assert torch.allclose(c, ctc[:, t], atol=1e-4) and torch.allclose(e, eot[:, t], atol=1e-4)
+
+
+def test_greedy_ctc_text_and_word_times():
+    decoder = GreedyCtc()
+    ids = encode_text("hi yo")
+    sequence = [0, ids[0], ids[0], 0, ids[1], ids[2], ids[3], ids[3], 0, ids[4], 0]
+    for frame, token in enumerate(sequence):
+        decoder.push(token, frame)
+    assert decoder.text() == "hi yo"
+    (w1, s1, e1), (w2, s2, e2) = decoder.words()
+    assert (w1, w2) == ("hi", "yo") and s1 < e1 <= s2 < e2
+
+
+def test_recognizer_streams_events_without_crashing_on_odd_audio():
+    torch.manual_seed(0)
+    model = SttModel(SttConfig(width=32, depth=1))
+    recognizer = Recognizer(model)
+    events = []
+    for chunk in [np.zeros(0, np.int16), np.zeros(333, np.int16), (np.random.default_rng(1).normal(0, 3000, 16000)).astype(np.int16),
+                  np.full(8000, 32767, np.int16), np.zeros(16000 * 10, np.int16)]:
+        events += recognizer.push(chunk)
+    events += recognizer.flush()
+    assert all(isinstance(e, (Partial, Final, SpeechStart, EndOfTurn)) for e in events)
+    with pytest.raises(ValueError):
+        recognizer.push(np.array([np.nan], dtype=np.float32))
+    assert isinstance(transcribe(model, np.zeros(100, np.int16)), str)
