@@ -20,7 +20,8 @@ from aiohttp import web
 from . import tokens
 from .call import Call
 from .config import Config
-from .loop_monitor import LoopLagMonitor
+from .loop_monitor import LoopLagMonitor, percentiles
+from .pacer import FRAME_MS
 from .sdp import MAX_SDP_BYTES, SdpError
 
 log = logging.getLogger("parley.app")
@@ -213,6 +214,21 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready", "active_sessions": registry.active})
 
 
+async def debug_timing(request: web.Request) -> web.Response:
+    """Timing over the last `seconds` (1-60), for benchmarks: the event loop's lag, and the raw
+    per-frame pacing lateness of every live call pooled (call.stats has per-call minute percentiles)."""
+    try:
+        seconds = min(max(float(request.query.get("seconds", "10")), 1.0), 60.0)
+    except ValueError:
+        raise ApiError(400, "bad_request", "'seconds' must be a number") from None
+    registry = request.app[CALLS_KEY]
+    frames = int(seconds * 1000 / FRAME_MS)
+    lateness = [late for call in registry.calls.values() for late in call.pacer.lateness_samples()[-frames:]]
+    return web.json_response({"seconds": seconds, "calls": len(registry.calls),
+                              "loop_lag_ms": percentiles(registry.loop_lag.recent(seconds)),
+                              "pacing_lateness_ms": percentiles(lateness)})
+
+
 _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "web"), autoescape=True)
 
 
@@ -232,6 +248,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_delete("/v1/whip/{call_id}", delete_call)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/debug/timing", debug_timing)
     app.router.add_get("/", demo_page)
     app.router.add_static("/static", ROOT / "static")
 

@@ -9,8 +9,8 @@ from typing import Deque, Optional
 
 import numpy as np
 
-PROBE_INTERVAL_S = 0.05  # sample lag 20 times a second
-WINDOW = 1200  # one minute of samples
+PROBE_INTERVAL_S = 0.01  # sample lag 100 times a second: a stall shows in many samples
+WINDOW = 6000  # one minute of samples
 
 
 class LoopLagMonitor:
@@ -37,6 +37,10 @@ class LoopLagMonitor:
             await asyncio.sleep(PROBE_INTERVAL_S)
             self._lags_ms.append(max(0.0, (time.monotonic() - start - PROBE_INTERVAL_S) * 1000.0))
 
+    def recent(self, seconds: float) -> list[float]:
+        """The lag samples of about the last `seconds` (fewer probes fit when the loop lags)."""
+        return list(self._lags_ms)[-max(1, round(seconds / PROBE_INTERVAL_S)):]
+
     def summary(self) -> dict[str, float]:
         if not self._lags_ms:
             return {"lag_ms_p50": 0.0, "lag_ms_p99": 0.0, "lag_ms_max": 0.0}
@@ -44,3 +48,13 @@ class LoopLagMonitor:
         return {"lag_ms_p50": round(float(np.percentile(lags, 50)), 2),
                 "lag_ms_p99": round(float(np.percentile(lags, 99)), 2),
                 "lag_ms_max": round(float(lags.max()), 2)}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """{samples, p50, p99, max} of raw timings in ms (for GET /debug/timing)."""
+    if not values:
+        return {"samples": 0}
+    array = np.asarray(values, dtype=np.float64)
+    p50, p99 = np.percentile(array, [50, 99])
+    return {"samples": len(values), "p50": round(float(p50), 2), "p99": round(float(p99), 2),
+            "max": round(float(array.max()), 2)}

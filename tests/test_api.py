@@ -211,3 +211,13 @@ async def test_unconnected_calls_time_out(start_gateway, http, offer_sdp):
     await asyncio.wait_for(call.closed.wait(), 30)
     assert call.close_reason == "connect_timeout"
     assert not gateway.registry.calls
+
+
+async def test_debug_timing(start_gateway, http):
+    gateway = await start_gateway()
+    async with http.get(gateway.url + "/debug/timing?seconds=5") as response:
+        body = await response.json()
+        assert response.status == 200 and body["calls"] == 0 and "loop_lag_ms" in body
+    async with http.get(gateway.url + "/debug/timing?seconds=abc") as response:
+        assert response.status == 400
+        assert_error(await response.json(), "bad_request")
