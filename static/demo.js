@@ -1,0 +1,400 @@
+// Parley demo client: one WebRTC call to the gateway with non-trickle signaling.
+//
+// Flow: microphone -> RTCPeerConnection (audio sendrecv + "events" data channel) -> wait for
+// ICE gathering -> POST /v1/calls -> apply the answer. The gateway reports on the data
+// channel; this page shows its events and exposes `window.parley` for automated tests.
+
+const ICE_GATHER_TIMEOUT_MS = 3000; // non-trickle: after this, send what has been gathered
+const PING_INTERVAL_MS = 2000;
+const HANGUP_TIMEOUT_MS = 3000;
+const MAX_KEPT_EVENTS = 1000; // call.stats arrives every second or so; keep memory bounded
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  call: $("call"),
+  hangUp: $("hangup"),
+  state: $("state"),
+  connection: $("connection"),
+  level: $("level"),
+  levelDb: $("level-db"),
+  error: $("error"),
+  rtt: $("rtt"),
+  remote: $("remote"),
+  stats: document.querySelectorAll("[data-stat]"),
+};
+
+// The test hook; also the page's whole state.
+const parley = {
+  state: "idle", // idle | calling | connected | ended | failed
+  events: [],
+  error: null,
+  pc: null,
+  location: null, // the call's URL, for DELETE
+  ready: null, // the session.ready event
+  call,
+  hangUp,
+};
+window.parley = parley;
+
+let localStream = null;
+let meter = null; // {stop()} while the level meter runs
+let pingTimer = null;
+let nextPingId = 1;
+let currentAttempt = 0; // bumped by every call() and every hang-up
+const pingsSent = new Map(); // id -> performance.now()
+
+// -- state and errors --------------------------------------------------------------------
+
+function setState(state) {
+  parley.state = state;
+  ui.state.textContent = state;
+  document.body.dataset.state = state;
+  const inCall = state === "calling" || state === "connected";
+  ui.call.disabled = inCall;
+  ui.hangUp.disabled = !inCall;
+}
+
+function showError(message) {
+  parley.error = message;
+  ui.error.textContent = message;
+  ui.error.hidden = false;
+  console.warn("parley:", message);
+}
+
+function clearError() {
+  parley.error = null;
+  ui.error.textContent = "";
+  ui.error.hidden = true;
+}
+
+function showConnection(pc) {
+  ui.connection.textContent =
+    `(connection ${pc.connectionState}, ICE ${pc.iceConnectionState}, gathering ${pc.iceGatheringState})`;
+}
+
+// -- placing a call ----------------------------------------------------------------------
+
+async function call() {
+  if (parley.state === "calling" || parley.state === "connected") return;
+  const attempt = ++currentAttempt;
+  // Hanging up while a step is pending starts a new attempt; the old one then just stops.
+  const superseded = () => attempt !== currentAttempt;
+  clearError();
+  parley.events = [];
+  parley.ready = null;
+  parley.location = null;
+  resetStats();
+  setState("calling");
+  try {
+    const stream = await openMicrophone();
+    if (superseded()) return stream.getTracks().forEach((track) => track.stop());
+    localStream = stream;
+    startLevelMeter(stream);
+    const pc = createPeerConnection(stream);
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
+    if (superseded()) return;
+    logCandidates("local", pc.localDescription.sdp);
+    const { answer, callUrl } = await postOffer(pc.localDescription.sdp);
+    if (superseded()) return deleteCall(callUrl); // the gateway answered a call nobody wants now
+    parley.location = callUrl;
+    logCandidates("remote", answer.sdp);
+    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+  } catch (err) {
+    if (!superseded()) await fail(err.message || String(err));
+  }
+}
+
+function audioConstraints() {
+  // Browser echo cancellation, noise suppression and AGC are right for people, but an
+  // automated echo test needs the signal untouched: ?processing=off turns them off.
+  const processing = new URLSearchParams(location.search).get("processing") !== "off";
+  return { echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing };
+}
+
+async function openMicrophone() {
+  if (!navigator.mediaDevices?.getUserMedia) {
+    throw new Error("This browser cannot capture audio here (getUserMedia needs HTTPS or localhost).");
+  }
+  try {
+    return await navigator.mediaDevices.getUserMedia({ audio: audioConstraints(), video: false });
+  } catch (err) {
+    if (err.name === "NotAllowedError") {
+      throw new Error("Microphone access was denied. Allow it in the browser's site settings and call again.");
+    }
+    if (err.name === "NotFoundError") throw new Error("No microphone was found.");
+    throw new Error(`Cannot open the microphone: ${err.name}: ${err.message}`);
+  }
+}
+
+function createPeerConnection(stream) {
+  // No STUN/TURN: the gateway offers its own reachable host candidates.
+  const pc = new RTCPeerConnection({ iceServers: [] });
+  parley.pc = pc;
+  const [track] = stream.getAudioTracks();
+  pc.addTransceiver(track, { direction: "sendrecv", streams: [stream] });
+  // The gateway only adopts a channel the client opened, and it must be in the offer.
+  openEventsChannel(pc, pc.createDataChannel("events"));
+  pc.ontrack = (event) => playRemote(event.streams[0] || new MediaStream([event.track]));
+  pc.onconnectionstatechange = () => onConnectionState(pc);
+  pc.oniceconnectionstatechange = () => {
+    console.debug("parley: ICE", pc.iceConnectionState);
+    showConnection(pc);
+  };
+  pc.onicegatheringstatechange = () => showConnection(pc);
+  pc.onicecandidateerror = (e) => console.debug("parley: candidate error", e.errorCode, e.errorText, e.url);
+  showConnection(pc);
+  return pc;
+}
+
+function iceGatheringComplete(pc, timeoutMs) {
+  return new Promise((resolve) => {
+    if (pc.iceGatheringState === "complete") return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const check = () => pc.iceGatheringState === "complete" && done();
+    const timer = setTimeout(() => {
+      console.debug("parley: ICE gathering still running; sending the candidates found so far");
+      done();
+    }, timeoutMs);
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+function logCandidates(side, sdp) {
+  // Helps explain ICE failures (e.g. only mDNS .local candidates, or no loopback).
+  const candidates = sdp.split(/\r?\n/).filter((line) => line.startsWith("a=candidate:"));
+  console.debug(`parley: ${side} candidates:\n${candidates.join("\n") || "(none)"}`);
+}
+
+async function postOffer(sdp) {
+  const response = await fetch("/v1/calls", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ sdp, type: "offer" }),
+  });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const detail = body?.error ? `${body.error.message} (${body.error.code})` : response.statusText;
+    throw new Error(`The gateway refused the call: HTTP ${response.status}: ${detail}`);
+  }
+  const callUrl = new URL(response.headers.get("Location") || `/v1/calls/${body.call_id}`, location.href).href;
+  return { answer: body, callUrl };
+}
+
+function playRemote(stream) {
+  ui.remote.srcObject = stream;
+  // autoplay may be blocked without a gesture; the Call click normally counts as one.
+  ui.remote.play().catch((err) => console.debug("parley: remote audio play():", err.message));
+}
+
+async function onConnectionState(pc) {
+  showConnection(pc);
+  if (parley.pc !== pc) return;
+  if (pc.connectionState === "connected") {
+    setState("connected");
+  } else if (pc.connectionState === "failed") {
+    const wasConnected = parley.state === "connected";
+    await fail(wasConnected
+      ? "The connection to the gateway was lost."
+      : `ICE failed: no working network path to the gateway (ICE state ${pc.iceConnectionState}).`);
+  }
+}
+
+// -- the events data channel -------------------------------------------------------------
+
+function openEventsChannel(pc, channel) {
+  channel.onopen = () => {
+    sendPing(channel);
+    pingTimer = setInterval(() => sendPing(channel), PING_INTERVAL_MS);
+  };
+  channel.onmessage = (message) => onEvent(parseEvent(message.data));
+  channel.onclose = () => {
+    clearInterval(pingTimer);
+    // The gateway closes the channel when it ends the call (shutdown, timeout).
+    if (parley.pc === pc && parley.state === "connected") endCall("The gateway ended the call.");
+  };
+}
+
+function parseEvent(data) {
+  try {
+    const event = JSON.parse(data);
+    return event && typeof event.type === "string" ? event : null;
+  } catch {
+    return null;
+  }
+}
+
+function onEvent(event) {
+  if (!event) return console.warn("parley: ignoring a malformed event");
+  parley.events.push(event);
+  if (parley.events.length > MAX_KEPT_EVENTS) parley.events.splice(0, parley.events.length - MAX_KEPT_EVENTS);
+  switch (event.type) {
+    case "session.ready":
+      parley.ready = event;
+      console.debug(`parley: session ready, mode ${event.mode}, echo delay ${event.echo_delay_ms} ms`);
+      break;
+    case "call.stats":
+      renderStats(event);
+      break;
+    case "pong":
+      showRoundTrip(event.ping_id);
+      break;
+    case "error":
+      showError(`Gateway error: ${event.message} (${event.code})`);
+      break;
+  }
+}
+
+function sendPing(channel) {
+  if (channel.readyState !== "open") return;
+  const id = nextPingId++;
+  pingsSent.set(id, performance.now());
+  channel.send(JSON.stringify({ type: "ping", id }));
+}
+
+function showRoundTrip(id) {
+  const sentAt = pingsSent.get(id);
+  if (sentAt === undefined) return;
+  pingsSent.delete(id);
+  ui.rtt.textContent = `${(performance.now() - sentAt).toFixed(1)} ms`;
+}
+
+// -- stats panel -------------------------------------------------------------------------
+
+function renderStats(event) {
+  for (const cell of ui.stats) {
+    const value = cell.dataset.stat.split(".").reduce((obj, key) => obj?.[key], event);
+    cell.textContent = formatValue(value, cell.dataset.unit);
+  }
+}
+
+function formatValue(value, unit) {
+  if (value === undefined || value === null) return "—";
+  if (typeof value === "number") {
+    const text = Number.isInteger(value) ? value.toLocaleString("en-US") : value.toFixed(1);
+    return unit ? `${text} ${unit}` : text;
+  }
+  return String(value);
+}
+
+function resetStats() {
+  for (const cell of ui.stats) cell.textContent = "—";
+  ui.rtt.textContent = "—";
+}
+
+// -- microphone level meter --------------------------------------------------------------
+
+function startLevelMeter(stream) {
+  stopLevelMeter();
+  const context = new AudioContext();
+  const analyser = context.createAnalyser();
+  analyser.fftSize = 1024;
+  context.createMediaStreamSource(stream).connect(analyser); // analysis only; not played
+  const samples = new Float32Array(analyser.fftSize);
+  let frame = 0;
+  const draw = () => {
+    analyser.getFloatTimeDomainData(samples);
+    const rms = Math.sqrt(samples.reduce((sum, x) => sum + x * x, 0) / samples.length);
+    const db = 20 * Math.log10(Math.max(rms, 1e-6));
+    ui.level.value = Math.min(1, Math.max(0, (db + 60) / 60)); // -60..0 dBFS -> 0..1
+    ui.levelDb.textContent = db > -60 ? `${db.toFixed(0)} dBFS` : "silent";
+    frame = requestAnimationFrame(draw);
+  };
+  context.resume().catch(() => {});
+  draw();
+  meter = {
+    stop() {
+      cancelAnimationFrame(frame);
+      context.close().catch(() => {});
+      ui.level.value = 0;
+      ui.levelDb.textContent = "— dBFS";
+    },
+  };
+}
+
+function stopLevelMeter() {
+  meter?.stop();
+  meter = null;
+}
+
+// -- ending a call -----------------------------------------------------------------------
+
+// Stops capture, playback and pings at once and detaches the peer connection, so its late
+// events are ignored. Returns the connection, still open: the caller decides when to close.
+function detachCall() {
+  currentAttempt++;
+  clearInterval(pingTimer);
+  pingsSent.clear();
+  stopLevelMeter();
+  localStream?.getTracks().forEach((track) => track.stop());
+  localStream = null;
+  ui.remote.srcObject = null;
+  const pc = parley.pc;
+  parley.pc = null;
+  return pc;
+}
+
+function closePeer(pc) {
+  if (!pc) return;
+  pc.close();
+  showConnection(pc);
+}
+
+function takeCallUrl() {
+  const url = parley.location;
+  parley.location = null;
+  return url;
+}
+
+async function deleteCall(url) {
+  if (!url) return;
+  try {
+    const response = await fetch(url, { method: "DELETE", signal: AbortSignal.timeout(HANGUP_TIMEOUT_MS) });
+    // 404: the gateway already ended the call (e.g. timeout); nothing left to do.
+    if (!response.ok && response.status !== 404) {
+      console.warn(`parley: hang-up returned HTTP ${response.status}`);
+    }
+  } catch (err) {
+    console.warn("parley: hang-up request failed:", err.message);
+  }
+}
+
+async function hangUp() {
+  if (parley.state !== "calling" && parley.state !== "connected") return;
+  const callUrl = takeCallUrl();
+  const pc = detachCall(); // silent at once
+  setState("ended");
+  // DELETE before closing, so the gateway ends the call as a hang-up rather than noticing a
+  // dropped connection; the timeout keeps an unreachable gateway from holding the close.
+  await deleteCall(callUrl);
+  closePeer(pc);
+}
+
+function endCall(reason) {
+  takeCallUrl(); // the gateway has already forgotten the call
+  closePeer(detachCall());
+  ui.connection.textContent = reason;
+  setState("ended");
+}
+
+async function fail(message) {
+  const callUrl = takeCallUrl();
+  showError(message);
+  closePeer(detachCall());
+  setState("failed");
+  await deleteCall(callUrl);
+}
+
+// -- wiring ------------------------------------------------------------------------------
+
+ui.call.addEventListener("click", () => call());
+ui.hangUp.addEventListener("click", () => hangUp());
+// Free the gateway's session slot when the tab goes away; keepalive outlives the page.
+window.addEventListener("pagehide", () => {
+  if (parley.location) fetch(parley.location, { method: "DELETE", keepalive: true }).catch(() => {});
+});
+setState("idle");

@@ -1,0 +1,193 @@
+"""A real Chromium calls the demo page in echo-test mode and hears its own chirps back.
+
+Chromium's fake microphone plays a WAV of test chirps; the page records the remote audio
+(the echo) through WebAudio, and the test finds the chirps in that recording. This covers
+the parts the aiortc test cannot: the demo page and script, browser ICE/DTLS/SCTP against
+aiortc, and Chromium's Opus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from playwright.async_api import async_playwright
+
+from tests.signals import chirp_sequence, find_signal, match_chirps, resample, write_wav
+
+CHROMIUM = Path("/usr/bin/chromium")
+RATE = 48000
+ECHO_DELAY_MS = 300
+# Chromium's fake microphone starts the file when getUserMedia opens, and what it captures
+# before the call connects is lost; this much silence first keeps the chirps after that.
+LEAD_IN_S = 1.5
+MIN_CHIRPS_FOUND = 3  # of 6: half the chirps back intact and in place (noise or silence finds none)
+CHIRP_MATCH = 0.5  # normalized correlation of one chirp (different chirps correlate < 0.2)
+DELAY_SPREAD_S = 0.15  # adaptive playout (both jitter buffers) shifts chirps by tens of ms
+WAIT_MS = 30_000  # generous: a loaded 2-core machine runs Chromium and the gateway together
+SCREENSHOT = Path("/tmp/parley_demo.png")
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM}")
+
+
+def chromium_args(wav: Path) -> list[str]:
+    return [
+        "--no-sandbox",
+        "--use-fake-ui-for-media-stream",  # grant the microphone without a prompt
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop",
+        "--autoplay-policy=no-user-gesture-required",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-gpu",
+        "--allow-loopback-in-peer-connection",  # the gateway offers only 127.0.0.1
+        "--disable-features=WebRtcHideLocalIpsWithMdns",  # real IPs, not .local names
+    ]
+
+
+# Records whatever the <audio id=remote> element is given, from the moment it has a stream.
+# An AudioWorklet copies each 128-sample render quantum; the worklet's output goes nowhere
+# audible (gain 0) but keeps the node in the rendered graph.
+START_RECORDER = """
+async () => {
+  const rec = window.__recorder = {chunks: [], length: 0, rate: 0, started: false, error: null};
+  const context = new AudioContext();
+  await context.resume();
+  rec.rate = context.sampleRate;
+  const processor = `registerProcessor("tap", class extends AudioWorkletProcessor {
+    process(inputs) {
+      const channel = inputs[0] && inputs[0][0];
+      this.port.postMessage(channel ? channel.slice() : new Float32Array(128));
+      return true;
+    }
+  });`;
+  const url = URL.createObjectURL(new Blob([processor], {type: "text/javascript"}));
+  await context.audioWorklet.addModule(url);
+  const remote = document.getElementById("remote");
+  const timer = setInterval(() => {
+    if (!remote.srcObject) return;
+    clearInterval(timer);
+    try {
+      const source = context.createMediaStreamSource(remote.srcObject);
+      const tap = new AudioWorkletNode(context, "tap", {channelCount: 1, channelCountMode: "explicit"});
+      const mute = context.createGain();
+      mute.gain.value = 0;
+      tap.port.onmessage = (e) => { rec.chunks.push(e.data); rec.length += e.data.length; };
+      source.connect(tap).connect(mute).connect(context.destination);
+      rec.started = true;
+    } catch (err) {
+      rec.error = String(err);
+    }
+  }, 10);
+  return rec.rate;
+}
+"""
+
+# The recording as base64 little-endian float32 (far smaller than a JSON array of numbers).
+FETCH_RECORDING = """
+() => {
+  const rec = window.__recorder;
+  const all = new Float32Array(rec.length);
+  let at = 0;
+  for (const chunk of rec.chunks) { all.set(chunk, at); at += chunk.length; }
+  const bytes = new Uint8Array(all.buffer);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+"""
+
+
+async def wait_for_no_calls(gateway, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while gateway.registry.calls and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def test_browser_echo_call(start_gateway, tmp_path):
+    signal = chirp_sequence(RATE)  # match_chirps knows its layout
+    wav = tmp_path / "chirps.wav"
+    write_wav(wav, np.concatenate([np.zeros(round(LEAD_IN_S * RATE), np.float32), signal]), RATE)
+    gateway = await start_gateway(echo_delay_ms=ECHO_DELAY_MS, stats_interval_s=0.5)
+    console: list[str] = []
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=chromium_args(wav))
+        try:
+            page = await browser.new_page()
+            page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
+            page.on("pageerror", lambda error: console.append(f"[pageerror] {error}"))
+            page.set_default_timeout(WAIT_MS)
+            try:
+                await page.goto(f"{gateway.url}/?processing=off")
+                await page.wait_for_function("window.parley && window.parley.state === 'idle'")
+                assert "Echo test" in await page.inner_text("#mode-banner")
+                assert f"{ECHO_DELAY_MS} ms" in await page.inner_text("#mode-banner")
+                rate = int(await page.evaluate(START_RECORDER))
+
+                await page.click("#call")
+                await page.wait_for_function("['connected', 'failed'].includes(window.parley.state)")
+                state, error = await page.evaluate("[window.parley.state, window.parley.error]")
+                assert state == "connected", f"call did not connect: {error}"
+                await page.wait_for_function("window.__recorder.started || window.__recorder.error")
+                assert await page.evaluate("window.__recorder.error") is None
+
+                # Count from the connection, as the file may start only now: the whole file,
+                # the echo delay and a margin for jitter and pacing.
+                needed = round((LEAD_IN_S + len(signal) / RATE + ECHO_DELAY_MS / 1000 + 1.5) * rate)
+                await page.wait_for_function(
+                    "n => window.__recorder.error || window.__recorder.length >= n",
+                    arg=await page.evaluate("window.__recorder.length") + needed,
+                    timeout=WAIT_MS + needed / rate * 1000)
+                assert await page.evaluate("window.__recorder.error") is None
+                await page.wait_for_function(
+                    "window.parley.events.some(e => e.type === 'call.stats')"
+                    " && document.querySelector('[data-stat=\"jitter.packets_received\"]').textContent !== '—'")
+                await page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+                parley = await page.evaluate(
+                    "({error: window.parley.error, events: window.parley.events})")
+                recording = np.frombuffer(base64.b64decode(await page.evaluate(FETCH_RECORDING)),
+                                          dtype="<f4")
+
+                async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
+                    await page.click("#hangup")
+                assert (await hang_up.value).status == 204
+                await page.wait_for_function("window.parley.state === 'ended'")
+                await wait_for_no_calls(gateway)
+                assert not gateway.registry.calls, "hang-up left the call open on the gateway"
+            except BaseException:
+                print("\n".join(["browser console:", *console]))
+                raise
+        finally:
+            await browser.close()
+
+    assert parley["error"] is None
+    ready = [e for e in parley["events"] if e["type"] == "session.ready"]
+    assert ready and ready[0]["mode"] == "echo-test" and ready[0]["echo_delay_ms"] == ECHO_DELAY_MS
+    stats = [e for e in parley["events"] if e["type"] == "call.stats"]
+    assert stats and stats[-1]["jitter"]["packets_received"] > 0
+
+    recorded = resample(recording, rate, 16000)
+    reference = resample(signal, RATE, 16000)
+    # Chromium's NetEq and the gateway's jitter buffer may stretch or shrink playout by tens of
+    # milliseconds during a call, which ruins a single alignment of the whole sequence (it
+    # measured 0.16-0.99 here), so each chirp is found on its own; the whole match is printed only.
+    _, whole = find_signal(reference, recorded)
+    chirps = match_chirps(reference, recorded, 16000)
+    found = [delay for delay, match in chirps if match > CHIRP_MATCH]
+    print(f"browser echo: whole-sequence match={whole:.3f}; per chirp (delay s, ncc) "
+          + ", ".join(f"({d:.3f}, {m:.2f})" for d, m in chirps)
+          + f"; recorded {len(recording) / rate:.2f} s at {rate} Hz; {len(stats)} call.stats events;"
+          f" last jitter {stats[-1]['jitter']}, pacer {stats[-1]['pacer']}")
+    assert len(found) >= MIN_CHIRPS_FOUND, f"the echo lacks the chirps: {len(found)} of {len(chirps)} found"
+    assert max(found) - min(found) <= DELAY_SPREAD_S, f"chirps came back out of place: {chirps}"
