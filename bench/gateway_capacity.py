@@ -74,7 +74,7 @@ import aiohttp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gateway.ice import use_host_addresses  # noqa: E402
-from tests.peer import RATE, Caller  # noqa: E402
+from tests.peer import RATE, Caller, encode_opus  # noqa: E402
 from tests.signals import chirp_sequence  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
@@ -256,11 +256,14 @@ class LoopLag:
 class Client:
     """A Caller plus what the benchmark tracks about it."""
 
-    def __init__(self, url: str, samples: LoopedSignal) -> None:
-        self.caller = Caller(url, samples)
+    def __init__(self, url: str, samples: LoopedSignal, packets: Optional[list[bytes]]) -> None:
+        light = packets is not None
+        self.caller = Caller(url, samples, light=light, packets=packets)
         self.connected = False
         self.error: Optional[str] = None
         self.peak_in_window = 0.0
+        self.loud_at_window_start: Optional[int] = None
+        self.loud_in_window = 0
 
     async def connect(self, http: aiohttp.ClientSession, gate: asyncio.Semaphore, timeout: float) -> None:
         async with gate:  # limit concurrent handshakes (DTLS is CPU heavy)
@@ -273,6 +276,13 @@ class Client:
 
     def drain_audio(self, in_window: bool) -> None:
         """Drop recorded audio (it would fill memory), keeping its peak while in the window."""
+        counter = self.caller.counter
+        if counter is not None:  # a light caller counts loud packets instead of decoding
+            if in_window and self.loud_at_window_start is None:
+                self.loud_at_window_start = counter.loud_packets
+            if in_window:
+                self.loud_in_window = counter.loud_packets - self.loud_at_window_start
+            return
         chunks, self.caller.received = self.caller.received, []
         if in_window and chunks:
             self.peak_in_window = max(self.peak_in_window, float(np.abs(np.concatenate(chunks)).max()))
@@ -293,7 +303,7 @@ class Client:
             "lateness_ms_max": pacer.get("lateness_ms_max"),
             "clock_resyncs": pacer.get("clock_resyncs", 0),
             "server_loop_lag_ms_p99": last.get("loop", {}).get("lag_ms_p99"),
-            "got_audio": self.peak_in_window > AUDIO_BACK_PEAK,
+            "got_audio": self.peak_in_window > AUDIO_BACK_PEAK or self.loud_in_window > 0,
         }
 
 
@@ -321,8 +331,10 @@ async def run_worker(conn, url: str, n: int, args: dict) -> None:
     loop = asyncio.get_running_loop()
     lag = LoopLag()
     window: dict = {}
-    samples = LoopedSignal(chirp_sequence(RATE))
-    clients = [Client(url, samples) for _ in range(n)]
+    signal = chirp_sequence(RATE)
+    samples = LoopedSignal(signal)
+    packets = None if args["full_clients"] else encode_opus(signal)
+    clients = [Client(url, samples, packets) for _ in range(n)]
     background = [loop.create_task(lag.run()), loop.create_task(drain_audio_forever(clients, window))]
     async with aiohttp.ClientSession() as http:
         gate = asyncio.Semaphore(args["connect_concurrency"])
@@ -401,7 +413,7 @@ class Workers:
 
 def measure(gateway: GatewayProcess, n: int, args: argparse.Namespace) -> dict[str, Any]:
     worker_args = {"seconds": args.seconds, "connect_timeout": args.connect_timeout,
-                   "connect_concurrency": args.connect_concurrency}
+                   "connect_concurrency": args.connect_concurrency, "full_clients": args.full_clients}
     workers = Workers(gateway.url, n, args.client_procs, worker_args)
     try:
         connect_budget = args.connect_timeout * math.ceil(n / args.connect_concurrency) + 120
@@ -516,6 +528,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="concurrent call set-ups per worker (default %(default)s)")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="per call (default %(default)s s)")
     parser.add_argument("--threshold-ms", type=float, default=10.0, help="pacing p99 limit (default %(default)s)")
+    parser.add_argument("--full-clients", action="store_true",
+                        help="callers encode with aiortc and decode what comes back (default: light callers "
+                             "send pre-encoded Opus and count returned packets, leaving the CPU to the gateway)")
     parser.add_argument("--no-stop", action="store_true", help="measure every size even after one fails")
     parser.add_argument("--table", action="store_true", help="also print a Markdown table to stderr")
     args = parser.parse_args(argv)
@@ -554,6 +569,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "clients_share_machine": True,
                     "client_procs": args.client_procs,
+                    "clients": "full (aiortc encode + decode)" if args.full_clients
+                               else "light (pre-encoded Opus out, returned packets counted, not decoded)",
                     "note": "the aiortc clients run on the same CPUs as the gateway; see client_cpu_pct "
                             "and machine_cpu_busy_pct"},
         "seconds": args.seconds,

@@ -48,13 +48,74 @@ class SignalTrack(MediaStreamTrack):
         return frame
 
 
-class Caller:
-    """One aiortc peer that calls the gateway over POST /v1/calls."""
+class PreEncodedTrack(MediaStreamTrack):
+    """Loops Opus packets encoded once up front, paced in real time (cheap: no per-call encoding)."""
 
-    def __init__(self, base_url: str, samples: Optional[np.ndarray] = None) -> None:
+    kind = "audio"
+
+    def __init__(self, packets: list[bytes]) -> None:
+        super().__init__()
+        self.packets = packets
+        self.started_at: Optional[float] = None
+        self._index = 0
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        wait = self.started_at + self._index * FRAME / RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        packet = av.Packet(self.packets[self._index % len(self.packets)])
+        packet.pts = self._index * FRAME
+        packet.time_base = fractions.Fraction(1, RATE)
+        self._index += 1
+        return packet
+
+
+def encode_opus(samples: np.ndarray) -> list[bytes]:
+    """float32 48 kHz mono -> 20 ms Opus packets (Parley's mono encoder)."""
+    from gateway.opus import OpusEncoder
+
+    encoder = OpusEncoder(RATE)
+    pcm = np.clip(samples * 32767, -32768, 32767).astype(np.int16)
+    pcm = np.concatenate([pcm, np.zeros(-len(pcm) % FRAME, dtype=np.int16)])
+    return [encoder.encode(frame) for frame in pcm.reshape(-1, FRAME)]
+
+
+class PacketCounter:
+    """Stands in for aiortc's jitter buffer on a light caller's receiver: counts, never decodes."""
+
+    LOUD_PAYLOAD_BYTES = 40  # Opus packets carrying sound are larger than silence packets
+
+    def __init__(self) -> None:
+        self.packets = 0
+        self.loud_packets = 0
+
+    def add(self, packet: Any) -> tuple[bool, None]:
+        self.packets += 1
+        self.loud_packets += len(packet.payload) > self.LOUD_PAYLOAD_BYTES
+        return False, None
+
+
+class Caller:
+    """One aiortc peer that calls the gateway over POST /v1/calls.
+
+    light=True (benchmarks): send pre-encoded Opus and only count what comes back, so many
+    callers fit on one machine next to the gateway they measure.
+    """
+
+    def __init__(self, base_url: str, samples: Optional[np.ndarray] = None, light: bool = False,
+                 packets: Optional[list[bytes]] = None) -> None:
         self.base_url = base_url
+        self.light = light
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.track = SignalTrack(samples)
+        self.counter: Optional[PacketCounter] = None
+        if light:
+            self.track = PreEncodedTrack(packets if packets is not None else encode_opus(samples))
+        else:
+            self.track = SignalTrack(samples)
         self.received: list[np.ndarray] = []
         self.first_audio_at: Optional[float] = None
         self.events: list[dict[str, Any]] = []
@@ -81,9 +142,16 @@ class Caller:
                 raise RuntimeError(f"call refused: {response.status} {self.response}")
             self.response["location"] = response.headers["Location"]
         await self.pc.setRemoteDescription(RTCSessionDescription(self.response["sdp"], "answer"))
+        if self.light:
+            self.counter = PacketCounter()
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.kind == "audio":
+                    setattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer", self.counter)
         return self.response
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if self.light:
+            return  # nothing is decoded, so nothing queues up on the track
         self._recorder = asyncio.ensure_future(self._record(track))
 
     async def _record(self, track: MediaStreamTrack) -> None:

@@ -1,0 +1,272 @@
+"""Train Parley's streaming STT model (engine/stt.py): CTC characters + end-of-turn head.
+
+    # the long run, in the background (resumes from out_dir/ckpt.pt after any stop):
+    nohup nice -n 5 .venv/bin/python -m engine.train.train_stt > runs/stt.out 2>&1 &
+    # any setting below can be overridden:
+    python -m engine.train.train_stt --max_steps=50 --out_dir=runs/stt-smoke --width=64
+    # real recordings (wav+txt folders or a LibriSpeech tree), e.g. on a GPU:
+    python -m engine.train.train_stt --real_dirs=/data/LibriSpeech/train-clean-100 --device=cuda
+    # ship the best checkpoint (only if it beats the shipped weights on the held-out voices):
+    python -m engine.train.train_stt --export=1
+
+Progress goes to out_dir/train.log as JSON lines; every eval_every steps the model
+transcribes the held-out folders (voices and sentences never trained on) and the best
+mean WER is kept as out_dir/best.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine import weights
+from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
+from engine.stt import SttConfig, SttModel, encode_text, transcribe
+from engine.train.textnorm import normalize
+from engine.wer import word_error_rate
+
+# -- configuration ----------------------------------------------------------------------------
+out_dir = "runs/stt"
+shard_dirs = "data/stt"  # comma-separated folders of synthesized shards
+real_dirs = ""  # comma-separated folders of real recordings
+eval_dirs = "data/stt-eval"  # each subfolder: one held-out voice group (NAME.wav + NAME.txt)
+eval_files = 40  # per held-out folder, per evaluation
+# model
+width = 256
+depth = 6
+expand = 1
+mlp_ratio = 2
+# optimisation
+batch_seconds = 160.0  # audio per batch
+bucket_batches = 8  # examples for this many batches are sorted by length to limit padding
+learning_rate = 2e-3
+min_lr = 1e-4
+warmup_steps = 300
+max_steps = 30000
+weight_decay = 0.05
+grad_clip = 1.0
+eot_weight = 0.5  # end-of-turn cross-entropy relative to CTC
+eot_class_weights = (1.0, 1.0, 3.0)  # speech, pause, end: turn ends are the rare class
+# bookkeeping
+log_every = 10
+checkpoint_every = 100
+eval_every = 500
+seed = 1337
+device = "auto"
+threads = 2
+data_workers = 1
+export = 0
+# ---------------------------------------------------------------------------------------------
+
+SHIPPED = weights.WEIGHTS_DIR / "stt.safetensors"
+SETTINGS = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and isinstance(v, (int, float, str, tuple))
+            and k not in ("SHIPPED", "SAMPLE_RATE", "HOP_LENGTH", "N_FFT", "FRAMES_PER_STEP")}
+
+
+def apply_overrides(argv: list[str]) -> dict:
+    """--name=value arguments override the settings above (nanoGPT's configurator, minus exec)."""
+    config = dict(SETTINGS)
+    for arg in argv:
+        name, _, raw = arg.lstrip("-").partition("=")
+        if name not in config:
+            raise SystemExit(f"unknown setting {name!r}; settings: {', '.join(sorted(config))}")
+        kind = type(config[name])
+        config[name] = tuple(float(x) for x in raw.split(",")) if kind is tuple else kind(raw)
+    return config
+
+
+def model_frames(n_samples: int) -> int:
+    """40 ms model frames produced from n_samples of audio."""
+    mel_frames = 0 if n_samples < N_FFT else 1 + (n_samples - N_FFT) // HOP_LENGTH
+    return mel_frames // FRAMES_PER_STEP
+
+
+def batches(dataset, cfg: dict):
+    """Length-bucketed batches of about batch_seconds of audio each."""
+    stream = iter(dataset)
+    while True:
+        pool, seconds = [], 0.0
+        while seconds < cfg["batch_seconds"] * cfg["bucket_batches"]:
+            example = next(stream)
+            if encode_text(example["text"]) and model_frames(len(example["audio"])) > 0:
+                pool.append(example)
+                seconds += len(example["audio"]) / SAMPLE_RATE
+        pool.sort(key=lambda e: len(e["audio"]))
+        batch, seconds, out = [], 0.0, []
+        for example in pool:
+            batch.append(example)
+            seconds += len(example["audio"]) / SAMPLE_RATE
+            if seconds >= cfg["batch_seconds"]:
+                out.append(batch)
+                batch, seconds = [], 0.0
+        if batch:
+            out.append(batch)
+        np.random.default_rng().shuffle(out)
+        yield from out
+
+
+def collate(batch: list[dict], dev: torch.device):
+    """Features, CTC targets and end-of-turn labels for one batch, on `dev`."""
+    longest = max(len(e["audio"]) for e in batch)
+    audio = torch.zeros(len(batch), longest)
+    for i, e in enumerate(batch):
+        audio[i, : len(e["audio"])] = torch.from_numpy(e["audio"])
+    features = stack_frames(log_mel(audio.to(dev)))
+    frames = torch.tensor([model_frames(len(e["audio"])) for e in batch])
+    targets = [torch.tensor(encode_text(e["text"])) for e in batch]
+    eot = torch.full((len(batch), features.shape[1]), -100, dtype=torch.long)
+    for i, e in enumerate(batch):
+        n = min(int(frames[i]), len(e["eot"]))
+        eot[i, :n] = torch.from_numpy(e["eot"][:n].astype(np.int64))
+    return features, frames, torch.cat(targets), torch.tensor([len(t) for t in targets]), eot.to(dev)
+
+
+def losses(model: SttModel, batch, cfg: dict):
+    features, frames, targets, target_lengths, eot = batch
+    ctc_logits, eot_logits, _ = model(features)
+    log_probs = ctc_logits.float().log_softmax(-1).transpose(0, 1)  # [T, B, V]
+    ctc = F.ctc_loss(log_probs, targets, frames, target_lengths, blank=0, reduction="mean", zero_infinity=True)
+    class_weights = torch.tensor(cfg["eot_class_weights"], device=eot_logits.device)
+    eot_loss = F.cross_entropy(eot_logits.float().reshape(-1, 3), eot.reshape(-1), weight=class_weights, ignore_index=-100)
+    return ctc, eot_loss
+
+
+def learning_rate_at(step: int, cfg: dict) -> float:
+    if step < cfg["warmup_steps"]:
+        return cfg["learning_rate"] * (step + 1) / cfg["warmup_steps"]
+    progress = min(1.0, (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"]))
+    return cfg["min_lr"] + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg["learning_rate"] - cfg["min_lr"])
+
+
+def held_out_folders(cfg: dict) -> list[Path]:
+    root = Path(cfg["eval_dirs"])
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def _read_wav(path: Path) -> np.ndarray:
+    from engine.wavfile import read_wav
+
+    return read_wav(path, SAMPLE_RATE)
+
+
+@torch.no_grad()
+def evaluate_folders(model: SttModel, cfg: dict) -> dict[str, float]:
+    """Greedy WER per held-out folder (its first eval_files files, sorted, so runs compare)."""
+    model.eval()
+    results = {}
+    for folder in held_out_folders(cfg):
+        refs, hyps = [], []
+        for wav_path in sorted(folder.glob("*.wav"))[: cfg["eval_files"]]:
+            txt = wav_path.with_suffix(".txt")
+            if txt.exists():
+                refs.append(normalize(txt.read_text()))
+                hyps.append(transcribe(model, _read_wav(wav_path)))
+        if refs:
+            results[folder.name] = round(word_error_rate(refs, hyps), 4)
+    model.train()
+    return results
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, best: float, cfg: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "best_wer": best, "settings": cfg, "model_config": model.config_dict()}, tmp)
+    os.replace(tmp, path)  # never leave a half-written checkpoint
+
+
+def log(out: Path, record: dict) -> None:
+    record = {"time": round(time.time(), 1), **record}
+    with open(out / "train.log", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+def export_best(cfg: dict) -> None:
+    """Copy best.pt to engine/weights/stt.safetensors if its held-out WER beats the shipped one."""
+    best = torch.load(Path(cfg["out_dir"]) / "best.pt", map_location="cpu", weights_only=False)
+    model = SttModel(SttConfig(**best["model_config"]))
+    model.load_state_dict(best["model"])
+    new_wer = float(np.mean(list(evaluate_folders(model, cfg).values()) or [1.0]))
+    if SHIPPED.exists():
+        shipped = SttModel(SttConfig(**weights.read_metadata(SHIPPED)[0]))
+        shipped.load_state_dict(weights.load_state(SHIPPED))
+        old_wer = float(np.mean(list(evaluate_folders(shipped, cfg).values()) or [1.0]))
+        if new_wer >= old_wer:
+            raise SystemExit(f"not exported: held-out WER {new_wer:.3f} does not beat the shipped {old_wer:.3f}")
+    weights.save(model, best["model_config"], SHIPPED, {"step": best["step"], "held_out_wer": new_wer})
+    print(f"exported {SHIPPED} (held-out WER {new_wer:.3f})")
+
+
+def main(argv: list[str]) -> None:
+    cfg = apply_overrides(argv)
+    if cfg["export"]:
+        return export_best(cfg)
+    from engine.train.stt_data import SttDataset
+
+    out = Path(cfg["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg["seed"])
+    torch.set_num_threads(cfg["threads"])
+    dev = torch.device("cuda" if cfg["device"] == "auto" and torch.cuda.is_available()
+                       else ("cpu" if cfg["device"] == "auto" else cfg["device"]))
+    model = SttModel(SttConfig(cfg["width"], cfg["depth"], cfg["expand"], cfg["mlp_ratio"])).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
+    step, best = 0, float("inf")
+    checkpoint = out / "ckpt.pt"
+    if checkpoint.exists():
+        state = torch.load(checkpoint, map_location=dev, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, best = state["step"], state["best_wer"]
+        log(out, {"event": "resumed", "step": step, "best_wer": best})
+    else:
+        params = sum(p.numel() for p in model.parameters())
+        log(out, {"event": "start", "parameters": params, "device": str(dev), "settings": cfg})
+
+    dataset = SttDataset(cfg["shard_dirs"].split(","), real=[d for d in cfg["real_dirs"].split(",") if d],
+                         seed=cfg["seed"] + step)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg["data_workers"])
+    started, audio_seconds = time.time(), 0.0
+    model.train()
+    for batch in batches(loader, cfg):
+        if step >= cfg["max_steps"]:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(step, cfg)
+        tensors = collate(batch, dev)
+        ctc, eot_loss = losses(model, tensors, cfg)
+        loss = ctc + cfg["eot_weight"] * eot_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        optimizer.step()
+        step += 1
+        audio_seconds += sum(len(e["audio"]) for e in batch) / SAMPLE_RATE
+        if step % cfg["log_every"] == 0:
+            elapsed = time.time() - started
+            log(out, {"step": step, "ctc": round(ctc.item(), 4), "eot": round(eot_loss.item(), 4),
+                      "grad_norm": round(float(grad_norm), 3), "lr": round(learning_rate_at(step, cfg), 6),
+                      "audio_s_per_s": round(audio_seconds / elapsed, 1)})
+        if step % cfg["eval_every"] == 0:
+            results = evaluate_folders(model, cfg)
+            mean = float(np.mean(list(results.values()))) if results else float("nan")
+            log(out, {"step": step, "held_out_wer": results, "mean_wer": round(mean, 4)})
+            if results and mean < best:
+                best = mean
+                save_checkpoint(out / "best.pt", model, optimizer, step, best, cfg)
+        if step % cfg["checkpoint_every"] == 0:
+            save_checkpoint(checkpoint, model, optimizer, step, best, cfg)
+    save_checkpoint(checkpoint, model, optimizer, step, best, cfg)
+    log(out, {"event": "stopped", "step": step, "best_wer": best})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
