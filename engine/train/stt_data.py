@@ -1,0 +1,151 @@
+"""STT training examples: shards (and real recordings) -> augmented, shuffled, endless stream.
+
+    from engine.train.stt_data import SttDataset
+    ds = SttDataset(["data/stt"], real=["/data/LibriSpeech/train-clean-100"], seed=0)
+    for ex in make_loader(ds, num_workers=2):  # {"audio": float32[n] 16 kHz, "text": str,
+        ...                                    #  "eot": int8[n_frames], "speaker": str, "engine": str}
+
+(A bare DataLoader(ds, batch_size=None) would turn the numpy arrays into tensors;
+make_loader keeps them numpy.)
+
+End-of-turn labels, one per 40 ms frame (EOT_FRAME samples, the STT model's frame rate):
+    0 SPEECH  the frame overlaps a speech span
+    1 PAUSE   silence inside the turn: before the first word, or a mid-turn pause
+    2 END     silence after the last word: the turn is over
+Labels are computed from the speech spans after augmentation, so they follow speed changes.
+"""
+
+import glob
+import json
+import os
+
+import numpy as np
+import torch
+
+from engine.train.augment import Augmenter, AugmentConfig
+
+SAMPLE_RATE = 16000       # Hz
+EOT_FRAME = 640           # samples per label frame: 40 ms at 16 kHz
+SPEECH, PAUSE, END = 0, 1, 2
+SHARDS_OPEN = 4           # shards whose utterances are pooled and shuffled together
+MAX_SECONDS = 20.0        # longer examples are skipped (memory per batch)
+
+
+def eot_labels(n_samples: int, spans) -> np.ndarray:
+    """Per-frame labels (int8) for audio of n_samples with speech in `spans` [start, end)."""
+    n = -(-n_samples // EOT_FRAME)
+    labels = np.full(n, PAUSE, np.int8)
+    spans = [(s, e) for s, e in spans if e > s]
+    if not spans:
+        return labels
+    last_end = max(e for _, e in spans)
+    labels[-(-last_end // EOT_FRAME):] = END
+    for s, e in spans:
+        labels[s // EOT_FRAME: -(-e // EOT_FRAME)] = SPEECH
+    return labels
+
+
+def read_shard(path: str) -> list[dict]:
+    """All utterances of one shard: dicts with int16 `pcm` plus the shard metadata."""
+    with np.load(path) as z:
+        audio, offsets = z["audio"], z["offsets"]
+        meta = json.loads(z["meta"].tobytes().decode())
+    for i, m in enumerate(meta):
+        m["pcm"] = audio[offsets[i]:offsets[i + 1]]
+    return meta
+
+
+def list_shards(dirs) -> list[str]:
+    """Finished shards (their summary .json exists) under the given folders."""
+    out = []
+    for d in dirs:
+        for p in sorted(glob.glob(os.path.join(d, "shard-?????.npz"))):
+            if os.path.exists(p[:-4] + ".json"):
+                out.append(p)
+    return out
+
+
+def make_example(pcm, spans, text: str, speaker: str, engine: str, augment: Augmenter | None) -> dict:
+    """One training example in the format the trainer consumes."""
+    x = pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else np.asarray(pcm, np.float32)
+    if augment is not None:
+        x, spans = augment(x, spans)
+    return {"audio": x, "text": text, "eot": eot_labels(len(x), spans),
+            "speaker": speaker, "engine": engine}
+
+
+class SttDataset(torch.utils.data.IterableDataset):
+    """Endless, shuffled, augmented examples from shard folders and real-recording folders.
+
+    Worker-safe: each DataLoader worker (and each `rank` of `world_size` for multi-GPU
+    training) reads a disjoint subset of the shards and seeds its own random streams.
+    The shard list is re-read every pass, so shards written by a synthesis run still in
+    progress join the stream as they finish.
+    """
+
+    def __init__(self, shard_dirs=("data/stt",), real=(), seed: int = 0, augment: bool = True,
+                 augment_config: AugmentConfig | None = None, real_weight: float = 0.5,
+                 rank: int = 0, world_size: int = 1, max_seconds: float = MAX_SECONDS):
+        super().__init__()
+        self.shard_dirs, self.real, self.seed = list(shard_dirs), list(real), seed
+        self.augment, self.augment_config = augment, augment_config
+        self.real_weight = real_weight if self.real else 0.0
+        self.rank, self.world_size, self.max_samples = rank, world_size, int(max_seconds * SAMPLE_RATE)
+
+    def _stream_id(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        return self.rank * nw + wid, self.world_size * nw
+
+    def __iter__(self):
+        sid, n_streams = self._stream_id()
+        rng = np.random.default_rng([self.seed, sid])
+        aug = Augmenter(seed=int(rng.integers(2**31)), config=self.augment_config) if self.augment else None
+        synth = self._synthetic(rng, aug, sid, n_streams)
+        real = self._real(rng, aug, sid, n_streams) if self.real else None
+        while True:
+            src = real if real is not None and rng.random() < self.real_weight else synth
+            ex = next(src, None)
+            if ex is None:
+                if src is synth and real is not None:
+                    synth = self._synthetic(rng, aug, sid, n_streams)   # no shards yet: real only
+                    ex = next(real)
+                else:
+                    raise RuntimeError(f"no training data in {self.shard_dirs} {self.real}")
+            yield ex
+
+    def _synthetic(self, rng, aug, sid: int, n_streams: int):
+        """Passes over this stream's shards, SHARDS_OPEN at a time, shuffled within the pool."""
+        while True:
+            shards = list_shards(self.shard_dirs)
+            mine = shards[sid::n_streams] if len(shards) >= n_streams else shards  # few: all read all
+            if not mine:
+                return
+            rng.shuffle(mine)
+            for i in range(0, len(mine), SHARDS_OPEN):
+                pool = [u for p in mine[i:i + SHARDS_OPEN] for u in read_shard(p)]
+                for j in rng.permutation(len(pool)):
+                    u = pool[j]
+                    if len(u["pcm"]) <= self.max_samples:
+                        yield make_example(u["pcm"], u["spans"], u["text"], u["speaker"], u["engine"], aug)
+
+    def _real(self, rng, aug, sid: int, n_streams: int):
+        from engine.train.real_data import RealRecordings
+        recs = RealRecordings(self.real)
+        items = [it for k, it in enumerate(recs.items) if k % n_streams == sid] or recs.items
+        while True:
+            for j in rng.permutation(len(items)):
+                ex = recs.load(items[j], rng)
+                if ex is not None and len(ex["pcm"]) <= self.max_samples:
+                    yield make_example(ex["pcm"], ex["spans"], ex["text"], ex["speaker"], "real", aug)
+
+
+def keep_numpy(example: dict) -> dict:
+    """DataLoader collate_fn that leaves an example as it is (numpy arrays stay numpy)."""
+    return example
+
+
+def make_loader(dataset: SttDataset, num_workers: int = 2) -> torch.utils.data.DataLoader:
+    """Examples one at a time from `num_workers` background processes (0: in-process)."""
+    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                       collate_fn=keep_numpy, persistent_workers=num_workers > 0)
