@@ -1,28 +1,34 @@
 """The HTTP edge: signaling API, health endpoints and the demo page (aiohttp).
 
 Wire contracts (ARCHITECTURE.md): POST /v1/calls (JSON offer -> 201 JSON answer),
-DELETE /v1/calls/{id}, POST /v1/whip (application/sdp -> 201 SDP answer), /livez, /readyz.
+DELETE /v1/calls/{id}, POST /v1/whip (application/sdp -> 201 SDP answer), /livez, /readyz,
+/metrics (Prometheus text format).
 Errors are always {"error": {"code", "message"}}; client input never causes a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import jinja2
 from aiohttp import web
 
-from . import tokens
+from . import echo_test, tokens
 from .call import Call
 from .config import Config
 from .loop_monitor import LoopLagMonitor, percentiles
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics, run_sampler
 from .pacer import FRAME_MS
 from .sdp import MAX_SDP_BYTES, SdpError
+from .warmup import WarmUp, WarmUpFn
 
 log = logging.getLogger("parley.app")
 
@@ -30,6 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_BODY_BYTES = MAX_SDP_BYTES  # 64 KiB for JSON and SDP bodies alike
 CONFIG_KEY = web.AppKey("config", Config)
 CALLS_KEY = web.AppKey("calls", "CallRegistry")
+WARMUP_KEY = web.AppKey("warmup", WarmUp)
+CLIENT_CLOSED_STATUS = 499  # the metrics' status for a request the client abandoned (nginx's convention)
+DRAIN_POLL_S = 0.1  # how often a drain checks whether the last call has ended
+WARM_UPS: dict[str, WarmUpFn] = {"echo-test": echo_test.warm_up}  # per mode; an engine mode adds its own
 
 
 class ApiError(Exception):
@@ -64,6 +74,26 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
         return error_response(500, "internal", "internal error; the server keeps serving")
 
 
+@web.middleware
+async def count_requests(request: web.Request, handler) -> web.StreamResponse:
+    """parley_http_requests_total{route, status}; route is the template, so ids never become labels."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED_STATUS
+        raise
+    finally:
+        request.app[CALLS_KEY].metrics.http_requests.labels(route=route, status=str(status)).inc()
+
+
 class CallRegistry:
     """Live calls, with a slot reserved before any await so max_sessions holds under bursts."""
 
@@ -72,7 +102,11 @@ class CallRegistry:
         self.calls: dict[str, Call] = {}
         self._reserved = 0
         self.draining = False
+        self.drain_task: Optional[asyncio.Task] = None
         self.loop_lag = LoopLagMonitor()
+        self.metrics = Metrics()
+        self.metrics.active_sessions.set_function(lambda: self.active)
+        self.metrics.draining.set_function(lambda: int(self.draining))
 
     @property
     def active(self) -> int:
@@ -104,6 +138,30 @@ class CallRegistry:
 
     def _forget(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
+        self.metrics.call_ended(call)
+
+    def start_drain(self, timeout_s: float) -> asyncio.Task:
+        """Begin draining in the background (once); the task ends when the drain is done."""
+        self.draining = True
+        if self.drain_task is None:
+            self.drain_task = asyncio.get_running_loop().create_task(self.drain(timeout_s))
+        return self.drain_task
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new calls, let live ones run up to `timeout_s`, then migrate the rest away."""
+        self.draining = True
+        log.info("draining", extra={"active_sessions": self.active, "drain_timeout_s": timeout_s})
+        deadline = time.monotonic() + timeout_s
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        remaining = list(self.calls.values())
+        if remaining:
+            log.info("drain timeout: migrating remaining calls", extra={"calls": len(remaining)})
+        await asyncio.gather(*(self._migrate(call) for call in remaining))
+
+    async def _migrate(self, call: Call) -> None:
+        token = tokens.issue(call.session_id, self.config.secret, self.config.resume_token_ttl_s)
+        await call.migrate_away("draining", token, self.config.retry_after_s)
 
     async def close_all(self, reason: str) -> None:
         await asyncio.gather(*(call.close(reason) for call in list(self.calls.values())))
@@ -206,9 +264,14 @@ async def livez(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     registry = request.app[CALLS_KEY]
+    warmup = request.app[WARMUP_KEY]
     retry = {"Retry-After": str(registry.config.retry_after_s)}
     if registry.draining:
         return error_response(503, "draining", "this node is draining", retry)
+    if warmup.error is not None:
+        return error_response(503, "warm_up_failed", f"warm-up failed: {warmup.error}", retry)
+    if not warmup.ready:
+        return error_response(503, "warming_up", "this node is still warming up", retry)
     if registry.full:
         return error_response(503, "full", "this node is at its session limit", retry)
     return web.json_response({"status": "ready", "active_sessions": registry.active})
@@ -229,6 +292,12 @@ async def debug_timing(request: web.Request) -> web.Response:
                               "pacing_lateness_ms": percentiles(lateness)})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of this app's registry."""
+    body = request.app[CALLS_KEY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
 _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "web"), autoescape=True)
 
 
@@ -238,27 +307,39 @@ async def demo_page(request: web.Request) -> web.Response:
     return web.Response(text=html, content_type="text/html")
 
 
-def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Application:
+    """The gateway app; `warm_up` replaces the mode's warm-up (tests make it controllable)."""
+    app = web.Application(middlewares=[count_requests, json_errors], client_max_size=MAX_BODY_BYTES)
     app[CONFIG_KEY] = config
     app[CALLS_KEY] = CallRegistry(config)
+    app[WARMUP_KEY] = WarmUp(warm_up or WARM_UPS[config.mode])
+    app[CALLS_KEY].metrics.ready.set_function(lambda: int(app[WARMUP_KEY].ready and not app[CALLS_KEY].draining))
     app.router.add_post("/v1/calls", create_call)
     app.router.add_delete("/v1/calls/{call_id}", delete_call)
     app.router.add_post("/v1/whip", create_whip)
     app.router.add_delete("/v1/whip/{call_id}", delete_call)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/timing", debug_timing)
     app.router.add_get("/", demo_page)
     app.router.add_static("/static", ROOT / "static")
 
-    async def start_monitor(app: web.Application) -> None:
-        app[CALLS_KEY].loop_lag.start()
+    async def start_background(app: web.Application) -> None:
+        registry = app[CALLS_KEY]
+        registry.loop_lag.start()
+        app[WARMUP_KEY].start()
+        sampler = asyncio.get_running_loop().create_task(run_sampler(registry.metrics, registry))
+        yield
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        await app[WARMUP_KEY].stop()
 
     async def close_calls(app: web.Application) -> None:
         await app[CALLS_KEY].close_all("shutdown")
         await app[CALLS_KEY].loop_lag.stop()
 
-    app.on_startup.append(start_monitor)
+    app.cleanup_ctx.append(start_background)
     app.on_shutdown.append(close_calls)
     return app

@@ -21,6 +21,7 @@ from .sdp import SdpError, check_offer, enable_opus_fec, opus_payload_type
 log = logging.getLogger("parley.call")
 
 EVENTS_CHANNEL_LABEL = "events"
+MIGRATE_FLUSH_S = 1.0  # longest wait for session.migrate to leave the data channel before the call closes
 
 
 class Call:
@@ -103,6 +104,15 @@ class Call:
             await asyncio.sleep(self.config.stats_interval_s)
             if self.events.is_open:
                 self.events.emit("call.stats", **self.stats())
+
+    async def migrate_away(self, reason: str, resume_token: str, retry_after_s: int) -> None:
+        """Tell the client to reconnect elsewhere (session.migrate), then close with reason "drained"."""
+        if self._closing:
+            return
+        self.events.emit("session.migrate", reason=reason, session_id=self.session_id,
+                         resume_token=resume_token, retry_after_s=retry_after_s)
+        await self.events.flushed(MIGRATE_FLUSH_S)
+        await self.close("drained")
 
     # -- tear-down --------------------------------------------------------------------------
 

@@ -1,4 +1,10 @@
-"""`parley` command line: `parley serve [--flags]` (also `python -m gateway serve`)."""
+"""`parley` command line: `parley serve [--flags]` (also `python -m gateway serve`).
+
+Signals: the first SIGTERM drains (readyz 503, new calls 503, live calls continue up to
+drain_timeout_s, then session.migrate and close), and the process exits 0 when no calls
+remain; a second SIGTERM, or SIGINT at any time, stops at once (calls closed with reason
+"shutdown", exit 0).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from aiohttp import web
 
 from . import config as config_module
 from . import logs
-from .app import CALLS_KEY, create_app
+from .app import CALLS_KEY, CallRegistry, create_app
 from .ice import use_host_addresses
 
 log = logging.getLogger("parley")
@@ -25,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
     config_module.add_arguments(serve)
-    commands.add_parser("config", help="print the effective configuration and exit")
+    printer = commands.add_parser("config", help="print the effective configuration and exit")
+    config_module.add_config_file_argument(printer)
     return parser
 
 
@@ -41,17 +48,27 @@ async def serve(config: config_module.Config) -> None:
     print(f"Parley listening on http://{config.host}:{port} (mode {config.mode})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, _on_sigterm, app[CALLS_KEY], config, stop)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()
     app[CALLS_KEY].draining = True
     await runner.cleanup()
 
 
+def _on_sigterm(registry: CallRegistry, config: config_module.Config, stop: asyncio.Event) -> None:
+    """First SIGTERM: drain, then stop. Second: stop now."""
+    if registry.draining:
+        log.warning("second SIGTERM: stopping now")
+        stop.set()
+        return
+    log.info("SIGTERM: draining", extra={"drain_timeout_s": config.drain_timeout_s})
+    registry.start_drain(config.drain_timeout_s).add_done_callback(lambda _: stop.set())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = config_module.load(args if args.command == "serve" else None)
+        config = config_module.load(args)
     except config_module.ConfigError as exc:
         print(f"parley: configuration error: {exc}", file=sys.stderr)
         return 2

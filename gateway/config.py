@@ -1,4 +1,8 @@
-"""Parley's configuration: one typed place, from defaults, PARLEY_* environment and CLI flags."""
+"""Parley's configuration: one typed place.
+
+Precedence, lowest first: the dataclass defaults < an optional TOML file (`--config FILE`
+or PARLEY_CONFIG, same keys as the dataclass) < PARLEY_* environment < CLI flags.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ import argparse
 import dataclasses
 import os
 import secrets
+import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional
 
 MODES = ("echo-test",)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,6 +40,7 @@ class Config:
     secret: str = ""  # HMAC key for resume tokens; random per process when unset
     resume_token_ttl_s: int = 3600
     retry_after_s: int = 2  # Retry-After on 429/503
+    drain_timeout_s: float = 30.0  # after SIGTERM, live calls may continue this long before session.migrate
     privacy_log_content: bool = False  # allow audio/transcript text in logs
 
     def __post_init__(self) -> None:
@@ -55,6 +62,8 @@ class Config:
             raise ConfigError(f"opus_bitrate: {self.opus_bitrate} is outside 6000-510000")
         if self.stats_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ConfigError("stats_interval_s and connect_timeout_s must be positive")
+        if self.drain_timeout_s < 0:
+            raise ConfigError(f"drain_timeout_s: {self.drain_timeout_s} must not be negative")
         return self
 
     def masked(self) -> dict[str, Any]:
@@ -66,7 +75,7 @@ class Config:
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    kind = _type_name(f)
     try:
         if kind == "int":
             return int(raw)
@@ -97,15 +106,66 @@ def from_env(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One --flag per setting (dashes for underscores); a flag beats the environment."""
+    """--config FILE, then one --flag per setting (dashes for underscores); a flag beats the environment."""
+    add_config_file_argument(parser)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
                             help=f"(env PARLEY_{f.name.upper()})")
 
 
+def _type_name(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
+def _check_file_value(f: dataclasses.Field, value: Any, source: str) -> Any:
+    """A TOML value for field `f`, or a ConfigError naming the file, the key and the expected type."""
+    kind = _type_name(f)
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+    }.get(kind, isinstance(value, list) and all(isinstance(v, str) for v in value))
+    if not ok:
+        expected = "a list of strings" if kind.startswith("list") else kind
+        raise ConfigError(f"{source}: {f.name}: expected {expected}, got {type(value).__name__} {value!r}")
+    return float(value) if kind == "float" else value
+
+
+def from_file(path: str) -> dict[str, Any]:
+    """Settings from a TOML file whose top-level keys are the Config field names."""
+    try:
+        with Path(path).open("rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key {unknown[0]!r} (known keys: {', '.join(fields)})")
+    return {name: _check_file_value(fields[name], value, f"config file {path}") for name, value in data.items()}
+
+
+def config_path(args: Optional[argparse.Namespace], environ: Optional[dict[str, str]]) -> Optional[str]:
+    """The TOML file named by --config, else by PARLEY_CONFIG, else none."""
+    environ = os.environ if environ is None else environ
+    path = getattr(args, "config", None) if args is not None else None
+    return path or environ.get("PARLEY_CONFIG") or None
+
+
+def add_config_file_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", dest="config", default=None, metavar="FILE",
+                        help="TOML file with the same keys as the settings (env PARLEY_CONFIG)")
+
+
 def load(args: Optional[argparse.Namespace] = None, environ: Optional[dict[str, str]] = None) -> Config:
-    values = from_env(environ)
+    """The effective configuration: defaults < TOML file < environment < flags, validated."""
+    path = config_path(args, environ)
+    values = from_file(path) if path else {}
+    values.update(from_env(environ))
     fields = {f.name: f for f in dataclasses.fields(Config)}
     if args is not None:
         for name, f in fields.items():

@@ -7,6 +7,7 @@ client sees an unbroken sequence. The schema is documented in docs/events.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import deque
@@ -14,6 +15,8 @@ from typing import Any, Callable, Deque, Optional
 
 MAX_QUEUED_EVENTS = 256  # held until the channel opens; oldest dropped beyond this
 MAX_CLIENT_MESSAGE_BYTES = 16 * 1024
+FLUSH_POLL_S = 0.02  # how often flushed() checks the channel's send buffer
+FLUSH_GRACE_S = 0.1  # after the buffer empties, time for SCTP to put the last chunk on the wire
 
 
 class EventChannel:
@@ -48,6 +51,15 @@ class EventChannel:
 
     def error(self, code: str, message: str) -> dict:
         return self.emit("error", code=code, message=message)
+
+    async def flushed(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until what was sent has left the channel's buffer."""
+        if not self.is_open:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self.is_open and self._channel.bufferedAmount > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_POLL_S)
+        await asyncio.sleep(min(FLUSH_GRACE_S, max(0.0, deadline - time.monotonic())))
 
     def _flush(self) -> None:
         while self._pending and self.is_open:

@@ -17,6 +17,7 @@ class LoopLagMonitor:
     def __init__(self) -> None:
         self._lags_ms: Deque[float] = deque(maxlen=WINDOW)
         self._task: Optional[asyncio.Task] = None
+        self.probes = 0  # probes taken since start (lets a reader take only the new ones)
 
     def start(self) -> None:
         if self._task is None:
@@ -36,10 +37,17 @@ class LoopLagMonitor:
             start = time.monotonic()
             await asyncio.sleep(PROBE_INTERVAL_S)
             self._lags_ms.append(max(0.0, (time.monotonic() - start - PROBE_INTERVAL_S) * 1000.0))
+            self.probes += 1
 
     def recent(self, seconds: float) -> list[float]:
         """The lag samples of about the last `seconds` (fewer probes fit when the loop lags)."""
         return list(self._lags_ms)[-max(1, round(seconds / PROBE_INTERVAL_S)):]
+
+    def latest(self, count: int) -> list[float]:
+        """The last `count` lag samples (at most the one-minute window)."""
+        if count <= 0:
+            return []
+        return list(self._lags_ms)[-min(count, WINDOW):]
 
     def summary(self) -> dict[str, float]:
         if not self._lags_ms:

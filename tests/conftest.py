@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import AsyncIterator, Callable
 
@@ -9,12 +10,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import CALLS_KEY, create_app
+from gateway.app import CALLS_KEY, WARMUP_KEY, create_app
 from gateway.config import Config
 from gateway.ice import use_host_addresses
 
 # Media in tests stays on loopback: never gather candidates on other interfaces.
 use_host_addresses(["127.0.0.1"])
+WARM_UP_DEADLINE_S = 60.0  # generous: the machine may be busy
 
 
 def free_port() -> int:
@@ -36,15 +38,18 @@ class Gateway:
 async def start_gateway() -> AsyncIterator[Callable[..., "Gateway"]]:
     runners: list[web.AppRunner] = []
 
-    async def start(**settings) -> Gateway:
+    async def start(warm_up=None, wait_ready: bool = True, **settings) -> Gateway:
+        """A gateway with these settings; by default returned once its warm-up has finished."""
         config = Config(ice_addresses=["127.0.0.1"], **settings).validate()
-        app = create_app(config)
+        app = create_app(config, warm_up=warm_up)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)
         port = runner.addresses[0][1]
+        if wait_ready:
+            await asyncio.wait_for(app[WARMUP_KEY].done.wait(), WARM_UP_DEADLINE_S)
         return Gateway(app, f"http://127.0.0.1:{port}")
 
     yield start

@@ -42,3 +42,44 @@ def test_config_errors_are_clear(args, env, message):
                             env={**ENV, **env}, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("porty = 9000\n", "unknown key 'porty'"),
+    ('port = "eighty"\n', "port: expected int, got str 'eighty'"),
+    ("max_sessions = true\n", "max_sessions: expected int, got bool True"),
+    ('stun_urls = "stun:a:3478"\n', "stun_urls: expected a list of strings"),
+    ("port = \n", "not valid TOML"),
+])
+def test_config_file_errors_are_clear(tmp_path, toml, message):
+    path = tmp_path / "parley.toml"
+    path.write_text(toml)
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)], capture_output=True,
+                            text=True, env=ENV, timeout=60)
+    assert result.returncode == 2
+    assert f"config file {path}" in result.stderr and message in result.stderr
+
+
+def test_config_precedence_defaults_file_env_flags(tmp_path):
+    path = tmp_path / "parley.toml"
+    path.write_text('port = 9000\nmax_sessions = 5\necho_delay_ms = 250\nstun_urls = ["stun:stun.example.org:3478"]\n'
+                    "drain_timeout_s = 12\n")
+    env = {**ENV, "PARLEY_CONFIG": str(path), "PARLEY_MAX_SESSIONS": "6", "PARLEY_ECHO_DELAY_MS": "300"}
+    result = subprocess.run([sys.executable, "-m", "gateway", "config"], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout.split(": ", 1)[1])
+    assert config["port"] == 9000 and config["max_sessions"] == 6 and config["echo_delay_ms"] == 300
+    assert config["stun_urls"] == ["stun:stun.example.org:3478"] and config["drain_timeout_s"] == 12.0
+    assert config["opus_bitrate"] == 32000  # untouched default
+
+    from gateway import config as config_module
+    from gateway.cli import build_parser
+    args = build_parser().parse_args(["serve", "--config", str(path), "--max-sessions", "7"])
+    assert config_module.load(args, environ={"PARLEY_MAX_SESSIONS": "6"}).max_sessions == 7
+
+
+def test_missing_config_file_is_clear(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True,
+                            env={**ENV, "PARLEY_CONFIG": str(tmp_path / "absent.toml")}, timeout=60)
+    assert result.returncode == 2 and "cannot read it" in result.stderr

@@ -1,0 +1,96 @@
+"""Prometheus metrics for GET /metrics, on a per-app registry (several apps may share a process).
+
+Gauges read live state when scraped; per-call media figures (jitter-buffer delay,
+concealment, pacing lateness) and event-loop lag are sampled once per
+SAMPLE_INTERVAL_S by one task, never per frame on the media path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from .app import CallRegistry
+    from .call import Call
+
+SAMPLE_INTERVAL_S = 1.0  # how often live calls and the loop monitor are sampled
+SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken per call per tick
+JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
+LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The gateway's metrics; `calls` and `loop_lag` come from the app's CallRegistry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.active_sessions = Gauge("parley_active_sessions", "Live calls plus slots being set up", registry=r)
+        self.draining = Gauge("parley_draining", "1 while the node drains after SIGTERM", registry=r)
+        self.ready = Gauge("parley_ready", "1 once warm-up succeeded and the node is not draining", registry=r)
+        self.calls = Counter("parley_calls", "Calls ended, by outcome (the call's close reason)",
+                             ["outcome"], registry=r)
+        self.http_requests = Counter("parley_http_requests", "HTTP requests by route template and status",
+                                     ["route", "status"], registry=r)
+        self.jitter_delay = Histogram("parley_jitter_buffer_delay_ms",
+                                      "Jitter-buffer playout delay per live call, sampled each second",
+                                      buckets=JITTER_DELAY_BUCKETS_MS, registry=r)
+        self.concealed = Counter("parley_concealed_samples", "Inbound samples (16 kHz) produced by FEC, PLC "
+                                 "or comfort silence", registry=r)
+        self.lateness = Histogram("parley_pacing_lateness_seconds", "Outbound 20 ms frame send lateness",
+                                  buckets=LATENESS_BUCKETS_S, registry=r)
+        self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
+                                  buckets=LOOP_LAG_BUCKETS_S, registry=r)
+        self._seen_concealed: dict[str, int] = {}
+        self._seen_frames: dict[str, int] = {}
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of everything in this registry."""
+        return generate_latest(self.registry)
+
+    def call_ended(self, call: "Call") -> None:
+        """Count a closed call by outcome and take its last media sample."""
+        self.sample_call(call)
+        self.calls.labels(outcome=call.close_reason or "unknown").inc()
+        self._seen_concealed.pop(call.call_id, None)
+        self._seen_frames.pop(call.call_id, None)
+
+    def sample_call(self, call: "Call") -> None:
+        """Feed one call's jitter delay, new concealed samples and new pacing lateness samples."""
+        jitter = call.playout.buffer.stats
+        if jitter.packets_played:
+            self.jitter_delay.observe(jitter.current_delay_ms)
+        seen = self._seen_concealed.get(call.call_id, 0)
+        if jitter.concealed_samples > seen:
+            self.concealed.inc(jitter.concealed_samples - seen)
+        self._seen_concealed[call.call_id] = jitter.concealed_samples
+        frames = call.pacer.stats.frames_sent
+        new = frames - self._seen_frames.get(call.call_id, 0)
+        self._seen_frames[call.call_id] = frames
+        if new > 0:
+            limit = min(new, int(SAMPLES_PER_S * SAMPLE_INTERVAL_S * 4))
+            for late_ms in call.pacer.lateness_samples()[-limit:]:
+                self.lateness.observe(late_ms / 1000.0)
+
+    def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float]) -> None:
+        for call in calls:
+            self.sample_call(call)
+        for lag_ms in loop_lags_ms:
+            self.loop_lag.observe(lag_ms / 1000.0)
+
+
+async def run_sampler(metrics: Metrics, registry: "CallRegistry") -> None:
+    """Sample live calls and the event-loop lag every SAMPLE_INTERVAL_S until cancelled."""
+    seen_probes = registry.loop_lag.probes
+    while True:
+        await asyncio.sleep(SAMPLE_INTERVAL_S)
+        probes = registry.loop_lag.probes
+        metrics.sample(list(registry.calls.values()), registry.loop_lag.latest(probes - seen_probes))
+        seen_probes = probes
