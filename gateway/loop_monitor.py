@@ -5,32 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Deque, Optional
+from typing import Deque
 
 import numpy as np
+
+from .background import BackgroundTask
 
 PROBE_INTERVAL_S = 0.01  # sample lag 100 times a second: a stall shows in many samples
 WINDOW = 6000  # one minute of samples
 
 
-class LoopLagMonitor:
+class LoopLagMonitor(BackgroundTask):
     def __init__(self) -> None:
         self._lags_ms: Deque[float] = deque(maxlen=WINDOW)
-        self._task: Optional[asyncio.Task] = None
         self.probes = 0  # probes taken since start (lets a reader take only the new ones)
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
+from .background import BackgroundTask
 from .jitter import FRAME_MS, SAMPLE_RATE, JitterBuffer
 from .opus import OpusDecoder
 
@@ -47,32 +48,18 @@ def attach_to_receiver(receiver: Any, buffer: JitterBuffer, clock: Callable[[], 
     setattr(receiver, attribute, _ReceiverHook(buffer, clock))
 
 
-class Playout:
+class Playout(BackgroundTask):
     """Pulls the jitter buffer every 20 ms and delivers frames to a sink, drift-free."""
 
     def __init__(self, sink: AudioSink, clock: Callable[[], float] = time.monotonic) -> None:
         self.buffer = JitterBuffer(OpusDecoder(SAMPLE_RATE))
         self._sink = sink
         self._clock = clock
-        self._task: Optional[asyncio.Task] = None
         self.frames_delivered = 0
         self.catch_up_frames = 0
 
     def attach(self, receiver: Any) -> None:
         attach_to_receiver(receiver, self.buffer, self._clock)
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
 
     async def _run(self) -> None:
         start = self._clock()
