@@ -6,8 +6,9 @@ DIR holds NAME.wav (mono, any sample rate) + NAME.txt (reference). Each file is 
 through the Recognizer in 20 ms pieces, as a call would deliver it, followed by
 TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 
-- wer, cer: against the reference, both sides through the same English normaliser
-  (case, punctuation, numbers as words);
+- wer, cer: against the reference, both sides through the same scoring normaliser
+  (textnorm.normalize_for_wer: case, punctuation, fillers, each run of number words as
+  one digit string, so "four one two", "four hundred twelve" and "412" agree);
 - rtf: processing time / audio time for the streaming path, one stream;
 - partial_lag_ms_p50: for each word of the final transcript, audio time at which it first
   appeared in a partial minus the word's end time (from the model's own CTC alignment);
@@ -32,7 +33,7 @@ from . import weights
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
 from .stt import SttConfig, SttModel, Recognizer
-from .train.textnorm import normalize
+from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
 
@@ -104,8 +105,8 @@ def bench_stt(args: argparse.Namespace) -> dict:
         if not np.all(np.isfinite(audio)):
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
         result = stream_file(model, audio)
-        refs.append(normalize(text))
-        hyps.append(normalize(result["text"]))
+        refs.append(normalize_for_wer(text))
+        hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
         false_eots += result["false_eot"]
         if result["eot_latency"] is None:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from engine import weights
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
 from engine.stt import SttConfig, SttModel, encode_text, transcribe
-from engine.train.textnorm import normalize
+from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
 
 # -- configuration ----------------------------------------------------------------------------
@@ -172,8 +172,8 @@ def evaluate_folders(model: SttModel, cfg: dict) -> dict[str, float]:
         for wav_path in sorted(folder.glob("*.wav"))[: cfg["eval_files"]]:
             txt = wav_path.with_suffix(".txt")
             if txt.exists():
-                refs.append(normalize(txt.read_text()))
-                hyps.append(transcribe(model, _read_wav(wav_path)))
+                refs.append(normalize_for_wer(txt.read_text()))
+                hyps.append(normalize_for_wer(transcribe(model, _read_wav(wav_path))))
         if refs:
             results[folder.name] = round(word_error_rate(refs, hyps), 4)
     model.train()
