@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from typing import Optional
 
 
-class BackgroundTask:
+class BackgroundTask(ABC):
     """Subclasses implement `_run()`; `start()` runs it once, `stop()` cancels and waits."""
 
     _task: Optional[asyncio.Task] = None
@@ -25,5 +26,6 @@ class BackgroundTask:
         except asyncio.CancelledError:
             pass
 
+    @abstractmethod
     async def _run(self) -> None:
-        raise NotImplementedError
+        """The task's body; runs until cancelled."""

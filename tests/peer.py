@@ -18,18 +18,18 @@ RATE = 48000
 FRAME = 960
 
 
-class SignalTrack(MediaStreamTrack):
-    """Plays float32 mono samples at 48 kHz in real time, then silence."""
+class _RealTimeTrack(MediaStreamTrack):
+    """An audio track whose frame n is released at start + n * 20 ms (aiortc sends at once)."""
 
     kind = "audio"
 
-    def __init__(self, samples: Optional[np.ndarray] = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.samples = samples if samples is not None else np.zeros(0, dtype=np.float32)
         self.started_at: Optional[float] = None  # monotonic time of the first frame
-        self._pts = 0
+        self._pts = 0  # samples released so far
 
-    async def recv(self) -> av.AudioFrame:
+    async def _next_slot(self) -> int:
+        """Wait for the next frame's slot; returns its pts (48 kHz samples)."""
         if self.readyState != "live":
             raise MediaStreamError
         if self.started_at is None:
@@ -37,40 +37,41 @@ class SignalTrack(MediaStreamTrack):
         wait = self.started_at + self._pts / RATE - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
-        chunk = self.samples[self._pts:self._pts + FRAME]
+        pts, self._pts = self._pts, self._pts + FRAME
+        return pts
+
+
+class SignalTrack(_RealTimeTrack):
+    """Plays float32 mono samples at 48 kHz in real time, then silence."""
+
+    def __init__(self, samples: Optional[np.ndarray] = None) -> None:
+        super().__init__()
+        self.samples = samples if samples is not None else np.zeros(0, dtype=np.float32)
+
+    async def recv(self) -> av.AudioFrame:
+        pts = await self._next_slot()
+        chunk = self.samples[pts:pts + FRAME]
         pcm = np.zeros(FRAME, dtype=np.int16)
         pcm[:len(chunk)] = np.clip(chunk * 32767, -32768, 32767).astype(np.int16)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE
-        frame.pts = self._pts
+        frame.pts = pts
         frame.time_base = fractions.Fraction(1, RATE)
-        self._pts += FRAME
         return frame
 
 
-class PreEncodedTrack(MediaStreamTrack):
+class PreEncodedTrack(_RealTimeTrack):
     """Loops Opus packets encoded once up front, paced in real time (cheap: no per-call encoding)."""
-
-    kind = "audio"
 
     def __init__(self, packets: list[bytes]) -> None:
         super().__init__()
         self.packets = packets
-        self.started_at: Optional[float] = None
-        self._index = 0
 
     async def recv(self) -> av.Packet:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self.started_at is None:
-            self.started_at = time.monotonic()
-        wait = self.started_at + self._index * FRAME / RATE - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        packet = av.Packet(self.packets[self._index % len(self.packets)])
-        packet.pts = self._index * FRAME
+        pts = await self._next_slot()
+        packet = av.Packet(self.packets[(pts // FRAME) % len(self.packets)])
+        packet.pts = pts
         packet.time_base = fractions.Fraction(1, RATE)
-        self._index += 1
         return packet
 
 
