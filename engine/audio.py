@@ -88,5 +88,8 @@ def stack_frames(mels: Tensor) -> Tensor:
     return mels.reshape(*mels.shape[:-2], steps, FRAMES_PER_STEP * N_MELS)
 
 
-def int16_to_float(pcm: np.ndarray) -> np.ndarray:
-    return pcm.astype(np.float32) / 32768.0
+def to_float(audio: np.ndarray) -> np.ndarray:
+    """int16 PCM or float audio -> float32 in [-1, 1]."""
+    if audio.dtype == np.int16:
+        return audio.astype(np.float32) / 32768.0
+    return audio.astype(np.float32)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .audio import FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, StreamingLogMel, int16_to_float
+from .audio import FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, StreamingLogMel, to_float
 from .interface import EndOfTurn, Final, Partial, SpeechStart, SttEvent
 from .ssm import BlockState, RecurrentStack
 
@@ -140,7 +140,7 @@ class Recognizer:
     @torch.no_grad()
     def push(self, pcm: np.ndarray) -> list[SttEvent]:
         """int16 (or float in [-1, 1]) 16 kHz mono -> events caused by this audio."""
-        audio = int16_to_float(pcm) if pcm.dtype == np.int16 else pcm.astype(np.float32)
+        audio = to_float(pcm)
         if not np.all(np.isfinite(audio)):
             raise ValueError("audio contains NaN or infinite samples")
         mels = torch.cat([self._mel_backlog, self.features.push(torch.from_numpy(audio))])
@@ -190,7 +190,7 @@ def transcribe(model: SttModel, audio: np.ndarray) -> str:
     """Offline greedy transcription of one utterance (float or int16, 16 kHz)."""
     from .audio import log_mel, stack_frames
 
-    samples = int16_to_float(audio) if audio.dtype == np.int16 else audio.astype(np.float32)
+    samples = to_float(audio)
     stacked = stack_frames(log_mel(torch.from_numpy(samples))).unsqueeze(0)
     if stacked.shape[1] == 0:
         return ""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Deque, Dict, Optional, Protocol
 
 import numpy as np
@@ -142,9 +142,6 @@ class _SlidingMinimum:
 
     def get(self) -> Optional[float]:
         return self._samples[0][1] if self._samples else None
-
-    def shift(self, delta: float) -> None:
-        self._samples = deque((t, v + delta) for t, v in self._samples)
 
 
 class JitterBuffer:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from typing import Any, MutableMapping
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -45,6 +44,3 @@ class CallLogger(logging.LoggerAdapter):
         kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
         return msg, kwargs
 
-
-def now_ms() -> float:
-    return time.time() * 1000.0

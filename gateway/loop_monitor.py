@@ -29,7 +29,7 @@ class LoopLagMonitor(BackgroundTask):
 
     def recent(self, seconds: float) -> list[float]:
         """The lag samples of about the last `seconds` (fewer probes fit when the loop lags)."""
-        return list(self._lags_ms)[-max(1, round(seconds / PROBE_INTERVAL_S)):]
+        return self.latest(max(1, round(seconds / PROBE_INTERVAL_S)))
 
     def latest(self, count: int) -> list[float]:
         """The last `count` lag samples (at most the one-minute window)."""
