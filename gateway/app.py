@@ -23,6 +23,10 @@ from aiohttp import web
 from . import echo_test, tokens
 from .call import Call
 from .config import Config
+from .events import EventChannel
+from .keeper import LiveSession, SessionBusy, SessionKeeper
+from .nodes import NodeRegistry, NodeStatus
+from .sessions import SessionNotFound, StoreUnavailable, open_store
 from .loop_monitor import LoopLagMonitor, percentiles
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, run_sampler
@@ -95,11 +99,20 @@ async def count_requests(request: web.Request, handler) -> web.StreamResponse:
 
 
 class CallRegistry:
-    """Live calls, with a slot reserved before any await so max_sessions holds under bursts."""
+    """Live calls, with a slot reserved before any await so max_sessions holds under bursts.
+
+    Each call drives one session; the keeper holds the session's state and lease, and a
+    resumed session replaces the call that drove it before (on this node or another).
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.calls: dict[str, Call] = {}
+        self.by_session: dict[str, Call] = {}
+        self.keeper = SessionKeeper(open_store(config.redis_url or None), config.node_id, config.lease_ttl_s,
+                                    allow_new_without_store=config.new_calls_without_redis == "accept")
+        self.keeper.on_lease_lost = self._taken_over
+        self.nodes = NodeRegistry(config.redis_url or None, heartbeat_s=config.lease_ttl_s / 3)
         self._reserved = 0
         self.draining = False
         self.drain_task: Optional[asyncio.Task] = None
@@ -123,22 +136,66 @@ class CallRegistry:
                            {"Retry-After": str(self.config.retry_after_s)})
         self._reserved += 1
 
-    async def open(self, offer_sdp: str, session_id: str) -> tuple[Call, str]:
-        """Answer an offer; the caller must have reserved a slot."""
-        call = Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag)
+    async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int) -> tuple[Call, str]:
+        """Answer an offer for a new session (session_id None) or a resumed one; the caller
+        must have reserved a slot, which this releases."""
         try:
-            answer = await call.answer(offer_sdp)
-        except BaseException:
+            session = await self._session(session_id)
+            call = self._new_call(session, resumed=session_id is not None, last_seq=last_seq)
+            try:
+                answer = await call.answer(offer_sdp)
+            except BaseException:
+                await call.close("rejected")
+                raise
+        finally:
             self._reserved -= 1
-            await call.close("rejected")
-            raise
-        self._reserved -= 1
         self.calls[call.call_id] = call
+        self.by_session[call.session_id] = call
         return call, answer
 
-    def _forget(self, call: Call) -> None:
+    async def _session(self, session_id: Optional[str]) -> LiveSession:
+        retry = {"Retry-After": str(self.config.retry_after_s)}
+        try:
+            if session_id is None:
+                return await self.keeper.open_new(secrets.token_hex(12))
+            previous = self.by_session.get(session_id)
+            if previous is not None:  # the caller reconnected before this node noticed the drop
+                await previous.close("replaced")
+            return await self.keeper.resume(session_id)
+        except SessionNotFound:
+            raise ApiError(404, "session_not_found", "the session has ended or expired; start a new call") from None
+        except SessionBusy as exc:
+            raise ApiError(409, "session_busy", str(exc), retry) from None
+        except StoreUnavailable:
+            raise ApiError(503, "store_unavailable", "session storage is unavailable; try again shortly",
+                           retry) from None
+
+    def _new_call(self, session: LiveSession, resumed: bool, last_seq: int) -> Call:
+        session_id = session.record.session_id
+        # The client may have seen events the store had not yet written when a node died.
+        events = EventChannel(last_seq=max(session.record.last_event_seq, last_seq),
+                              on_emit=lambda event, text: self.keeper.record_event(session_id, event, text))
+        if resumed:
+            events.replay(self.keeper.replay_after(session_id, last_seq))
+        return Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
+                    events=events, resumed=resumed)
+
+    async def _forget(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
+        if self.by_session.get(call.session_id) is call:
+            del self.by_session[call.session_id]
+            if call.close_reason != "taken_over":
+                await self.keeper.end(call.session_id)
         self.metrics.call_ended(call)
+
+    async def _taken_over(self, session_id: str) -> None:
+        call = self.by_session.get(session_id)
+        if call is not None:
+            await call.close("taken_over")
+
+    def status(self, ready: bool) -> NodeStatus:
+        return NodeStatus(self.config.node_id, self.config.public_url, ready and not self.draining and not self.full,
+                          self.draining, self.active, self.config.max_sessions, time.time())
 
     def start_drain(self, timeout_s: float) -> asyncio.Task:
         """Begin draining in the background (once); the task ends when the drain is done."""
@@ -150,6 +207,7 @@ class CallRegistry:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new calls, let live ones run up to `timeout_s`, then migrate the rest away."""
         self.draining = True
+        await self.nodes.publish(self.status(ready=False))  # peers stop sending callers here at once
         log.info("draining", extra={"active_sessions": self.active, "drain_timeout_s": timeout_s})
         deadline = time.monotonic() + timeout_s
         while self.active and time.monotonic() < deadline:
@@ -157,9 +215,10 @@ class CallRegistry:
         remaining = list(self.calls.values())
         if remaining:
             log.info("drain timeout: migrating remaining calls", extra={"calls": len(remaining)})
-        await asyncio.gather(*(self._migrate(call) for call in remaining))
+        await asyncio.gather(*(self.migrate(call) for call in remaining))
 
-    async def _migrate(self, call: Call) -> None:
+    async def migrate(self, call: Call) -> None:
+        """Send the client to another node (session.migrate with a fresh resume token)."""
         token = tokens.issue(call.session_id, self.config.secret, self.config.resume_token_ttl_s)
         await call.migrate_away("draining", token, self.config.retry_after_s)
 
@@ -203,23 +262,35 @@ def parse_offer_json(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def session_for(payload: dict[str, Any], config: Config) -> str:
-    """A new session id, or the one a valid resume token names (401 otherwise)."""
+def resumed_session(payload: dict[str, Any], config: Config) -> Optional[str]:
+    """None for a new session, or the id a valid resume token names (401 otherwise)."""
     if payload.get("resume_token") is None:
-        return secrets.token_hex(12)
+        return None
     try:
         return tokens.verify(payload["resume_token"], config.secret)
     except tokens.TokenError as exc:
         raise ApiError(401, "invalid_resume_token", str(exc)) from None
 
 
-async def answer_offer(request: web.Request, offer_sdp: str, session_id: str) -> tuple[Call, str]:
+def last_seq_of(payload: dict[str, Any]) -> int:
+    """The last event seq the resuming client saw (events after it are replayed)."""
+    last_seq = payload.get("last_seq", 0)
+    if not isinstance(last_seq, int) or isinstance(last_seq, bool) or last_seq < 0:
+        raise ApiError(400, "invalid_last_seq", "'last_seq' must be a non-negative integer")
+    return last_seq
+
+
+async def answer_offer(request: web.Request, offer_sdp: str, session_id: Optional[str] = None,
+                       last_seq: int = 0) -> tuple[Call, str]:
     registry = request.app[CALLS_KEY]
     if registry.draining:
+        peer = await registry.nodes.ready_peer(registry.config.node_id)
+        if peer is not None:
+            raise web.HTTPTemporaryRedirect(peer.url.rstrip("/") + request.path_qs)
         raise ApiError(503, "draining", "this node is draining", {"Retry-After": str(registry.config.retry_after_s)})
     registry.reserve()
     try:
-        return await registry.open(offer_sdp, session_id)
+        return await registry.open(offer_sdp, session_id, last_seq)
     except SdpError as exc:
         raise ApiError(400, "invalid_sdp", str(exc)) from None
 
@@ -229,13 +300,13 @@ async def answer_offer(request: web.Request, offer_sdp: str, session_id: str) ->
 async def create_call(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     payload = parse_offer_json(await read_body(request, "application/json"))
-    session_id = session_for(payload, config)
-    call, answer = await answer_offer(request, payload["sdp"], session_id)
+    call, answer = await answer_offer(request, payload["sdp"], resumed_session(payload, config), last_seq_of(payload))
     location = f"/v1/calls/{call.call_id}"
     body = {
         "call_id": call.call_id,
-        "session_id": session_id,
-        "resume_token": tokens.issue(session_id, config.secret, config.resume_token_ttl_s),
+        "session_id": call.session_id,
+        "resumed": call.resumed,
+        "resume_token": tokens.issue(call.session_id, config.secret, config.resume_token_ttl_s),
         "sdp": answer,
         "type": "answer",
     }
@@ -244,7 +315,7 @@ async def create_call(request: web.Request) -> web.Response:
 
 async def create_whip(request: web.Request) -> web.Response:
     offer = decode_text(await read_body(request, "application/sdp"))
-    call, answer = await answer_offer(request, offer, secrets.token_hex(12))
+    call, answer = await answer_offer(request, offer)
     headers = {"Location": f"/v1/whip/{call.call_id}", "Content-Type": "application/sdp"}
     return web.Response(status=201, text=answer, headers=headers, content_type=None)
 
@@ -307,6 +378,13 @@ async def demo_page(request: web.Request) -> web.Response:
     return web.Response(text=html, content_type="text/html")
 
 
+async def heartbeat(registry: CallRegistry, warmup: WarmUp) -> None:
+    """Publish this node's status to the registry (peers redirect drained calls by it)."""
+    while True:
+        await registry.nodes.publish(registry.status(warmup.ready))
+        await asyncio.sleep(registry.nodes.heartbeat_s)
+
+
 def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Application:
     """The gateway app; `warm_up` replaces the mode's warm-up (tests make it controllable)."""
     app = web.Application(middlewares=[count_requests, json_errors], client_max_size=MAX_BODY_BYTES)
@@ -328,12 +406,19 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Applic
     async def start_background(app: web.Application) -> None:
         registry = app[CALLS_KEY]
         registry.loop_lag.start()
+        registry.keeper.start()
         app[WARMUP_KEY].start()
-        sampler = asyncio.get_running_loop().create_task(run_sampler(registry.metrics, registry))
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(run_sampler(registry.metrics, registry)),
+                 loop.create_task(heartbeat(registry, app[WARMUP_KEY]))]
         yield
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await registry.nodes.remove(config.node_id)
+        await registry.nodes.close()
+        await registry.keeper.stop()
         await app[WARMUP_KEY].stop()
 
     async def close_calls(app: web.Application) -> None:

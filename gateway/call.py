@@ -24,19 +24,27 @@ EVENTS_CHANNEL_LABEL = "events"
 MIGRATE_FLUSH_S = 1.0  # longest wait for session.migrate to leave the data channel before the call closes
 
 
+PEER_CHECK_S = 1.0  # how often a connected call checks that its peer is still there
+# Ends the client must not undo by reconnecting: it hung up, or the session went on elsewhere.
+FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over"})
+ENDED_FLUSH_S = 0.5  # longest wait for session.ended to leave before the connection closes
+
+
 class Call:
     def __init__(self, call_id: str, session_id: str, config: Config,
                  on_closed: Callable[["Call"], Awaitable[None] | None],
-                 loop_lag: Optional[LoopLagMonitor] = None) -> None:
+                 loop_lag: Optional[LoopLagMonitor] = None, events: Optional[EventChannel] = None,
+                 resumed: bool = False) -> None:
         self.call_id = call_id
         self.session_id = session_id
         self.config = config
+        self.resumed = resumed
         self.created = time.monotonic()
         self.close_reason: Optional[str] = None
         self.log = CallLogger(log, {"call_id": call_id, "session_id": session_id})
         ice_servers = [RTCIceServer(url) for url in config.stun_urls]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers))
-        self.events = EventChannel()
+        self.events = events or EventChannel()
         self.pacer = PacedAudioTrack(bitrate=config.opus_bitrate)
         self.mode = EchoTest(self.pacer, config.echo_delay_ms)
         self.playout = Playout(self.mode.on_audio)
@@ -76,6 +84,7 @@ class Call:
         self.playout.start()
         self._spawn(self._stats_loop())
         self._spawn(self._connect_watchdog())
+        self._spawn(self._peer_watchdog())
         self.log.info("call answered", extra={"mode": self.config.mode})
         return enable_opus_fec(answer)
 
@@ -89,7 +98,7 @@ class Call:
             return
         self.events.attach(channel)
         self.events.emit("session.ready", call_id=self.call_id, session_id=self.session_id,
-                         sample_rate=16000, **self.mode.describe())
+                         resumed=self.resumed, sample_rate=16000, **self.mode.describe())
 
     def stats(self) -> dict:
         return {
@@ -127,12 +136,28 @@ class Call:
         if self.pc.connectionState != "connected":
             await self.close("connect_timeout")
 
+    async def _peer_watchdog(self) -> None:
+        """Close a connected call whose peer went silent: no RTP and no client message for
+        peer_timeout_s (aioice alone would take ~30 s to notice), so the caller can resume."""
+        while True:
+            await asyncio.sleep(PEER_CHECK_S)
+            if self.pc.connectionState != "connected":
+                continue
+            heard = [t for t in (self.playout.last_packet_at, self.events.last_message_at) if t is not None]
+            last = max(heard, default=self.created)
+            if time.monotonic() - last > self.config.peer_timeout_s:
+                await self.close("peer_timeout")
+                return
+
     async def close(self, reason: str) -> None:
         if self._closing:
             await self.closed.wait()
             return
         self._closing = True
         self.close_reason = reason
+        if reason in FINAL_REASONS and self.events.is_open:
+            self.events.emit("session.ended", reason=reason)
+            await self.events.flushed(ENDED_FLUSH_S)
         current = asyncio.current_task()
         for task in self._tasks:
             if task is not current:

@@ -10,14 +10,16 @@ import argparse
 import dataclasses
 import os
 import secrets
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 MODES = ("echo-test",)
+NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-SECRET_FIELDS = {"secret"}
+SECRET_FIELDS = {"secret"}  # redis_url may carry a password too: masked below
 
 
 class ConfigError(ValueError):
@@ -42,10 +44,18 @@ class Config:
     retry_after_s: int = 2  # Retry-After on 429/503
     drain_timeout_s: float = 30.0  # after SIGTERM, live calls may continue this long before session.migrate
     privacy_log_content: bool = False  # allow audio/transcript text in logs
+    redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
+    node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
+    public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs
+    lease_ttl_s: float = 5.0  # a dead node's sessions can be resumed elsewhere after this
+    peer_timeout_s: float = 5.0  # a connected call with no RTP and no data-channel message for this long is dead
+    new_calls_without_redis: str = "accept"  # while Redis is down: accept (sessions written when it returns) or reject (503)
 
     def __post_init__(self) -> None:
         if not self.secret:
             self.secret = secrets.token_urlsafe(32)
+        if not self.node_id:
+            self.node_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
     def validate(self) -> "Config":
         if self.mode not in MODES:
@@ -62,6 +72,15 @@ class Config:
             raise ConfigError(f"opus_bitrate: {self.opus_bitrate} is outside 6000-510000")
         if self.stats_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ConfigError("stats_interval_s and connect_timeout_s must be positive")
+        if self.lease_ttl_s <= 0 or self.peer_timeout_s <= 0:
+            raise ConfigError("lease_ttl_s and peer_timeout_s must be positive")
+        if self.new_calls_without_redis not in NEW_CALLS_WITHOUT_REDIS:
+            raise ConfigError(f"new_calls_without_redis: {self.new_calls_without_redis!r} is not one of "
+                              f"{', '.join(NEW_CALLS_WITHOUT_REDIS)}")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"redis_url: {self.redis_url!r} must start with redis://, rediss:// or unix://")
+        if self.public_url and not self.public_url.startswith(("http://", "https://")):
+            raise ConfigError(f"public_url: {self.public_url!r} must start with http:// or https://")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s: {self.drain_timeout_s} must not be negative")
         return self
@@ -71,7 +90,17 @@ class Config:
         out = dataclasses.asdict(self)
         for name in SECRET_FIELDS:
             out[name] = "***" if out[name] else ""
+        out["redis_url"] = mask_url_password(out["redis_url"])
         return out
+
+
+def mask_url_password(url: str) -> str:
+    """redis://user:pw@host -> redis://user:***@host"""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:

@@ -2,7 +2,9 @@
 
 Every event a call emits is numbered (seq starts at 1) and timestamped (t, Unix seconds).
 Events raised before the client's channel opens are queued and sent on open, so the
-client sees an unbroken sequence. The schema is documented in docs/events.md.
+client sees an unbroken sequence. A resumed session continues its numbering, and the
+events the client missed are replayed first, with their original seq. The schema is
+documented in docs/events.md.
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ FLUSH_POLL_S = 0.02  # how often flushed() checks the channel's send buffer
 FLUSH_GRACE_S = 0.1  # after the buffer empties, time for SCTP to put the last chunk on the wire
 
 
+EmitHook = Callable[[dict, str], None]  # (event, its JSON) for every event emitted
+
+
 class EventChannel:
-    def __init__(self, on_client_message: Optional[Callable[[dict], None]] = None) -> None:
-        self.seq = 0
+    def __init__(self, on_client_message: Optional[Callable[[dict], None]] = None, last_seq: int = 0,
+                 on_emit: Optional[EmitHook] = None) -> None:
+        self.seq = last_seq
         self._channel: Any = None
         self._pending: Deque[str] = deque(maxlen=MAX_QUEUED_EVENTS)
         self._on_client_message = on_client_message
+        self._on_emit = on_emit
         self.sent = 0
+        self.last_message_at: Optional[float] = None  # monotonic time of the client's last message
 
     def attach(self, channel: Any) -> None:
         """Adopt the client's RTCDataChannel; flush queued events once it is open."""
@@ -43,11 +51,21 @@ class EventChannel:
         self.seq += 1
         event = {"type": type_, "seq": self.seq, "t": round(time.time(), 3), **fields}
         text = json.dumps(event, separators=(",", ":"))
+        if self._on_emit is not None:
+            self._on_emit(event, text)
+        self._deliver(text)
+        return event
+
+    def replay(self, texts: list[str]) -> None:
+        """Send already-numbered events again (a resumed session's missed ones), in order."""
+        for text in texts:
+            self._deliver(text)
+
+    def _deliver(self, text: str) -> None:
         if self.is_open:
             self._send(text)
         else:
             self._pending.append(text)
-        return event
 
     def error(self, code: str, message: str) -> dict:
         return self.emit("error", code=code, message=message)
@@ -74,6 +92,7 @@ class EventChannel:
 
     def _receive(self, message: Any) -> None:
         """Client messages are JSON objects with a `type`; anything else gets an `error` event."""
+        self.last_message_at = time.monotonic()
         if isinstance(message, bytes) or len(message) > MAX_CLIENT_MESSAGE_BYTES:
             self.error("bad_message", "client messages must be JSON text under 16 KiB")
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -34,18 +34,23 @@ class _ReceiverHook:
     def __init__(self, buffer: JitterBuffer, clock: Callable[[], float]) -> None:
         self._buffer = buffer
         self._clock = clock
+        self.last_arrival: Optional[float] = None
 
     def add(self, packet: Any) -> tuple[bool, None]:
-        self._buffer.put(packet.sequence_number, packet.timestamp, bytes(packet.payload), self._clock())
+        self.last_arrival = self._clock()
+        self._buffer.put(packet.sequence_number, packet.timestamp, bytes(packet.payload), self.last_arrival)
         return False, None
 
 
-def attach_to_receiver(receiver: Any, buffer: JitterBuffer, clock: Callable[[], float] = time.monotonic) -> None:
+def attach_to_receiver(receiver: Any, buffer: JitterBuffer,
+                       clock: Callable[[], float] = time.monotonic) -> _ReceiverHook:
     """Route an aiortc audio receiver's RTP packets into `buffer` (aiortc 1.16 internals)."""
     attribute = "_RTCRtpReceiver__jitter_buffer"
     if not hasattr(receiver, attribute):
         raise RuntimeError("this aiortc version has no audio jitter buffer to replace")
-    setattr(receiver, attribute, _ReceiverHook(buffer, clock))
+    hook = _ReceiverHook(buffer, clock)
+    setattr(receiver, attribute, hook)
+    return hook
 
 
 class Playout(BackgroundTask):
@@ -57,9 +62,15 @@ class Playout(BackgroundTask):
         self._clock = clock
         self.frames_delivered = 0
         self.catch_up_frames = 0
+        self._hook: Optional[_ReceiverHook] = None
 
     def attach(self, receiver: Any) -> None:
-        attach_to_receiver(receiver, self.buffer, self._clock)
+        self._hook = attach_to_receiver(receiver, self.buffer, self._clock)
+
+    @property
+    def last_packet_at(self) -> Optional[float]:
+        """When the last RTP packet arrived (this playout's clock), or None before the first."""
+        return self._hook.last_arrival if self._hook else None
 
     async def _run(self) -> None:
         start = self._clock()

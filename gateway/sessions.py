@@ -11,11 +11,16 @@ Redis key layout (every key has a TTL; values are small JSON or plain strings):
     parley:events:{id}    list of event JSON, newest last, the last MAX_REPLAY_EVENTS
                           (RPUSH + LTRIM)                              PX session_ttl_s
     parley:lease:{id}     owner node id (SET NX PX)                    PX lease ttl_s
+    parley:takeover:{id}  node id asking the holder to let go          PX lease ttl_s
 
 The lease key is the single source of truth for ownership: `get` fills a record's
 `owner_node` and `lease_expires_at` from it, and those fields are never stored in the
 record. A lease means two nodes never drive one session at once: only the holder may renew
-or release it, and anyone may take it once it has expired.
+or release it, and anyone may take it once it has expired. A node that wants a session
+another node holds (the caller reconnected there) posts a takeover request; the holder's
+next renewal fails with TakeoverRequested, and it writes what is pending, stops driving the
+session and releases the lease. So a live holder hands over within one renewal period (with
+nothing lost), and a dead one within one lease TTL.
 
 Updates are optimistic: a record carries a `version`; `update` succeeds only when the stored
 version still equals it (Redis: WATCH/MULTI) and returns the record with `version + 1`.
@@ -71,6 +76,10 @@ class LeaseHeld(SessionError):
 
 class LeaseLost(SessionError):
     """This node does not hold the lease it tried to renew (it expired or another node took it)."""
+
+
+class TakeoverRequested(LeaseLost):
+    """Another node asked for the session: write what is pending, then release the lease."""
 
 
 class StoreUnavailable(SessionError):
@@ -164,6 +173,10 @@ class SessionStore(Protocol):
         version + 1 and a fresh updated_at. VersionConflict or SessionNotFound otherwise.
         Refreshes the TTL of the session and its event log."""
 
+    async def put(self, record: SessionRecord, events: Optional[list[str]] = None) -> None:
+        """Store `record` as it is, unconditionally (the lease holder's write-behind), creating
+        it if absent; with `events`, the replay log is replaced by them (restore after an outage)."""
+
     async def append_event(self, session_id: str, event_json: str) -> None:
         """Add one event (with an integer `seq`) to the bounded replay log."""
 
@@ -181,8 +194,15 @@ class SessionStore(Protocol):
     async def release_lease(self, session_id: str, node_id: str) -> bool:
         """Drop the lease if `node_id` holds it; True if it did."""
 
+    async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
+        """Ask the lease holder to let go: its next renew_lease raises TakeoverRequested; once
+        it releases the lease (or the lease expires), `node_id` can acquire it."""
+
     async def delete(self, session_id: str) -> bool:
         """Remove the record, its event log and its lease; True if the record existed."""
+
+    async def ping(self) -> None:
+        """Return if the store answers; StoreUnavailable otherwise."""
 
     async def close(self) -> None:
         """Release connections."""
@@ -205,6 +225,7 @@ class MemorySessionStore:
         self.session_ttl_s = session_ttl_s
         self._entries: dict[str, _MemoryEntry] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # id -> (node, expiry in Unix s)
+        self._takeovers: dict[str, tuple[str, float]] = {}  # id -> (asking node, expiry in Unix s)
 
     def _entry(self, session_id: str) -> _MemoryEntry:
         entry = self._entries.get(session_id)
@@ -254,6 +275,18 @@ class MemorySessionStore:
         self._touch(entry)
         return updated
 
+    async def put(self, record: SessionRecord, events: Optional[list[str]] = None) -> None:
+        encoded = encode_record(record)
+        try:
+            entry = self._entry(record.session_id)
+            entry.record_json = encoded
+        except SessionNotFound:
+            entry = self._entries[record.session_id] = _MemoryEntry(encoded, 0.0)
+        if events is not None:
+            entry.events.clear()
+            entry.events.extend((event_seq(text), text) for text in events)
+        self._touch(entry)
+
     async def append_event(self, session_id: str, event_json: str) -> None:
         seq = event_seq(event_json)
         entry = self._entry(session_id)
@@ -263,10 +296,19 @@ class MemorySessionStore:
     async def events_since(self, session_id: str, seq: int) -> list[str]:
         return [text for event_seq_, text in self._entry(session_id).events if event_seq_ > seq]
 
+    def _takeover(self, session_id: str) -> Optional[str]:
+        asked = self._takeovers.get(session_id)
+        if asked is not None and asked[1] <= time.time():
+            del self._takeovers[session_id]
+            asked = None
+        return asked[0] if asked else None
+
     async def acquire_lease(self, session_id: str, node_id: str, ttl_s: float) -> float:
         lease = self._lease(session_id)
         if lease is not None and lease[0] != node_id:
             raise LeaseHeld(f"session {session_id} is driven by node {lease[0]}")
+        if self._takeover(session_id) == node_id:
+            del self._takeovers[session_id]
         expiry = time.time() + ttl_s
         self._leases[session_id] = (node_id, expiry)
         return expiry
@@ -275,7 +317,13 @@ class MemorySessionStore:
         lease = self._lease(session_id)
         if lease is None or lease[0] != node_id:
             raise LeaseLost(f"node {node_id} does not hold the lease of session {session_id}")
+        asking = self._takeover(session_id)
+        if asking is not None and asking != node_id:
+            raise TakeoverRequested(f"node {asking} asked for session {session_id}")
         return await self.acquire_lease(session_id, node_id, ttl_s)
+
+    async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
+        self._takeovers[session_id] = (node_id, time.time() + ttl_s)
 
     async def release_lease(self, session_id: str, node_id: str) -> bool:
         lease = self._lease(session_id)
@@ -286,12 +334,16 @@ class MemorySessionStore:
 
     async def delete(self, session_id: str) -> bool:
         self._leases.pop(session_id, None)
+        self._takeovers.pop(session_id, None)
         try:
             self._entry(session_id)
         except SessionNotFound:
             return False
         del self._entries[session_id]
         return True
+
+    async def ping(self) -> None:
+        pass
 
     async def close(self) -> None:
         pass
@@ -306,17 +358,22 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
-# KEYS[1] lease; ARGV[1] node, ARGV[2] ttl ms. 1 if node now holds it, 0 if another does.
+# KEYS[1] lease, KEYS[2] takeover; ARGV[1] node, ARGV[2] ttl ms. 1 if node now holds it, 0 if another does.
 ACQUIRE_LEASE_LUA = """
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
-# KEYS[1] lease; ARGV[1] node, ARGV[2] ttl ms. 1 if renewed, 0 if node does not hold it.
+# KEYS[1] lease, KEYS[2] takeover; ARGV[1] node, ARGV[2] ttl ms.
+# 1 if renewed, 0 if node does not hold it, -1 if another node asked to take over (not renewed).
 RENEW_LEASE_LUA = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local asking = redis.call('GET', KEYS[2])
+if asking and asking ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
 """
 # KEYS[1] lease; ARGV[1] node. 1 if released, 0 if node did not hold it.
 RELEASE_LEASE_LUA = """
@@ -335,6 +392,10 @@ def events_key(session_id: str) -> str:
 
 def lease_key(session_id: str) -> str:
     return f"{KEY_PREFIX}:lease:{session_id}"
+
+
+def takeover_key(session_id: str) -> str:
+    return f"{KEY_PREFIX}:takeover:{session_id}"
 
 
 def _ms(seconds: float) -> int:
@@ -425,6 +486,20 @@ class RedisSessionStore:
             raise VersionConflict(f"session {record.session_id} is at version {stored}, "
                                   f"not {record.version}")
 
+    async def put(self, record: SessionRecord, events: Optional[list[str]] = None) -> None:
+        encoded = encode_record(record)
+        for text in events or ():
+            event_seq(text)
+        with _redis_errors(self.url):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(session_key(record.session_id), encoded, px=self._ttl_ms)
+                if events is not None:
+                    pipe.delete(events_key(record.session_id))
+                    if events:
+                        pipe.rpush(events_key(record.session_id), *events[-MAX_REPLAY_EVENTS:])
+                pipe.pexpire(events_key(record.session_id), self._ttl_ms)
+                await pipe.execute()
+
     async def append_event(self, session_id: str, event_json: str) -> None:
         event_seq(event_json)
         with _redis_errors(self.url):
@@ -446,17 +521,25 @@ class RedisSessionStore:
 
     async def acquire_lease(self, session_id: str, node_id: str, ttl_s: float) -> float:
         with _redis_errors(self.url):
-            held = await self._acquire(keys=[lease_key(session_id)], args=[node_id, _ms(ttl_s)])
+            held = await self._acquire(keys=[lease_key(session_id), takeover_key(session_id)],
+                                       args=[node_id, _ms(ttl_s)])
         if not held:
             raise LeaseHeld(f"session {session_id} is driven by another node")
         return time.time() + ttl_s
 
     async def renew_lease(self, session_id: str, node_id: str, ttl_s: float) -> float:
         with _redis_errors(self.url):
-            renewed = await self._renew(keys=[lease_key(session_id)], args=[node_id, _ms(ttl_s)])
+            renewed = await self._renew(keys=[lease_key(session_id), takeover_key(session_id)],
+                                        args=[node_id, _ms(ttl_s)])
+        if renewed == -1:
+            raise TakeoverRequested(f"another node asked for session {session_id}")
         if not renewed:
             raise LeaseLost(f"node {node_id} does not hold the lease of session {session_id}")
         return time.time() + ttl_s
+
+    async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
+        with _redis_errors(self.url):
+            await self._redis.set(takeover_key(session_id), node_id, px=_ms(ttl_s))
 
     async def release_lease(self, session_id: str, node_id: str) -> bool:
         with _redis_errors(self.url):
@@ -466,9 +549,14 @@ class RedisSessionStore:
         with _redis_errors(self.url):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.exists(session_key(session_id))
-                pipe.unlink(session_key(session_id), events_key(session_id), lease_key(session_id))
+                pipe.unlink(session_key(session_id), events_key(session_id), lease_key(session_id),
+                            takeover_key(session_id))
                 existed, _ = await pipe.execute()
         return bool(existed)
+
+    async def ping(self) -> None:
+        with _redis_errors(self.url):
+            await self._redis.ping()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -3,11 +3,21 @@
 // Flow: microphone -> RTCPeerConnection (audio sendrecv + "events" data channel) -> wait for
 // ICE gathering -> POST /v1/calls -> apply the answer. The gateway reports on the data
 // channel; this page shows its events and exposes `window.parley` for automated tests.
+//
+// A dropped connection (ICE failed, ICE disconnected for 3 s, no pong for 5 s, the events
+// channel closing) or a session.migrate from a draining gateway starts a reconnect: a new
+// RTCPeerConnection, the same microphone, and POST /v1/calls {resume_token, last_seq}, with
+// backoff (1, 2, 4, 4, 4 s; 5 tries). The gateway replays the events this page missed.
 
 const ICE_GATHER_TIMEOUT_MS = 3000; // non-trickle: after this, send what has been gathered
 const PING_INTERVAL_MS = 2000;
 const HANGUP_TIMEOUT_MS = 3000;
 const MAX_KEPT_EVENTS = 1000; // call.stats arrives every second or so; keep memory bounded
+const PING_TIMEOUT_MS = 5000; // no pong for this long: the path is dead
+const DISCONNECTED_GRACE_MS = 3000; // ICE "disconnected" often recovers by itself within this
+const CONNECT_TIMEOUT_MS = 10000; // one reconnect try waits this long for "connected"
+const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 4000, 4000];
+const FINAL_END_REASONS = ["replaced", "taken_over", "hangup"]; // session.ended: do not reconnect
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -25,12 +35,16 @@ const ui = {
 
 // The test hook; also the page's whole state.
 const parley = {
-  state: "idle", // idle | calling | connected | ended | failed
+  state: "idle", // idle | calling | connected | reconnecting | ended | failed
   events: [],
   error: null,
   pc: null,
   location: null, // the call's URL, for DELETE
   ready: null, // the session.ready event
+  sessionId: null,
+  resumeToken: null, // never logged
+  lastSeq: 0, // the highest event seq received; sent on resume so only missed events are replayed
+  reconnects: 0, // successful reconnects in this session
   call,
   hangUp,
 };
@@ -40,6 +54,8 @@ let localStream = null;
 let meter = null; // {stop()} while the level meter runs
 let pingTimer = null;
 let nextPingId = 1;
+let lastPongAt = 0; // performance.now() of the last pong (or of the channel opening)
+let disconnectedTimer = null;
 let currentAttempt = 0; // bumped by every call() and every hang-up
 const pingsSent = new Map(); // id -> performance.now()
 
@@ -49,7 +65,7 @@ function setState(state) {
   parley.state = state;
   ui.state.textContent = state;
   document.body.dataset.state = state;
-  const inCall = state === "calling" || state === "connected";
+  const inCall = state === "calling" || state === "connected" || state === "reconnecting";
   ui.call.disabled = inCall;
   ui.hangUp.disabled = !inCall;
 }
@@ -83,6 +99,8 @@ async function call() {
   parley.events = [];
   parley.ready = null;
   parley.location = null;
+  parley.sessionId = parley.resumeToken = null;
+  parley.lastSeq = parley.reconnects = 0;
   resetStats();
   setState("calling");
   try {
@@ -95,7 +113,7 @@ async function call() {
     await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
     if (superseded()) return;
     logCandidates("local", pc.localDescription.sdp);
-    const { answer, callUrl } = await postOffer(pc.localDescription.sdp);
+    const { answer, callUrl } = await postOffer({ sdp: pc.localDescription.sdp, type: "offer" });
     if (superseded()) return deleteCall(callUrl); // the gateway answered a call nobody wants now
     parley.location = callUrl;
     logCandidates("remote", answer.sdp);
@@ -140,6 +158,7 @@ function createPeerConnection(stream) {
   pc.oniceconnectionstatechange = () => {
     console.debug("parley: ICE", pc.iceConnectionState);
     showConnection(pc);
+    watchDisconnected(pc);
   };
   pc.onicegatheringstatechange = () => showConnection(pc);
   pc.onicecandidateerror = (e) => console.debug("parley: candidate error", e.errorCode, e.errorText, e.url);
@@ -170,18 +189,23 @@ function logCandidates(side, sdp) {
   console.debug(`parley: ${side} candidates:\n${candidates.join("\n") || "(none)"}`);
 }
 
-async function postOffer(sdp) {
+async function postOffer(offer) {
   const response = await fetch("/v1/calls", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ sdp, type: "offer" }),
+    body: JSON.stringify(offer),
   });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const detail = body?.error ? `${body.error.message} (${body.error.code})` : response.statusText;
-    throw new Error(`The gateway refused the call: HTTP ${response.status}: ${detail}`);
+    const error = new Error(`The gateway refused the call: HTTP ${response.status}: ${detail}`);
+    error.status = response.status;
+    throw error;
   }
-  const callUrl = new URL(response.headers.get("Location") || `/v1/calls/${body.call_id}`, location.href).href;
+  parley.sessionId = body.session_id;
+  parley.resumeToken = body.resume_token;
+  // A 307 from a draining gateway lands on a peer: calls live at the URL that answered.
+  const callUrl = new URL(response.headers.get("Location") || `/v1/calls/${body.call_id}`, response.url).href;
   return { answer: body, callUrl };
 }
 
@@ -195,27 +219,45 @@ async function onConnectionState(pc) {
   showConnection(pc);
   if (parley.pc !== pc) return;
   if (pc.connectionState === "connected") {
-    setState("connected");
-  } else if (pc.connectionState === "failed") {
-    const wasConnected = parley.state === "connected";
-    await fail(wasConnected
-      ? "The connection to the gateway was lost."
-      : `ICE failed: no working network path to the gateway (ICE state ${pc.iceConnectionState}).`);
+    if (parley.state !== "reconnecting") setState("connected");
+  } else if (pc.connectionState === "failed" && parley.state === "connected") {
+    reconnect("the connection failed");
+  } else if (pc.connectionState === "failed" && parley.state === "calling") {
+    await fail(`ICE failed: no working network path to the gateway (ICE state ${pc.iceConnectionState}).`);
   }
+}
+
+function watchDisconnected(pc) {
+  clearTimeout(disconnectedTimer);
+  if (pc.iceConnectionState !== "disconnected") return;
+  disconnectedTimer = setTimeout(() => {
+    if (parley.pc === pc && pc.iceConnectionState === "disconnected" && parley.state === "connected") {
+      reconnect("ICE stayed disconnected");
+    }
+  }, DISCONNECTED_GRACE_MS);
 }
 
 // -- the events data channel -------------------------------------------------------------
 
 function openEventsChannel(pc, channel) {
   channel.onopen = () => {
+    lastPongAt = performance.now();
     sendPing(channel);
-    pingTimer = setInterval(() => sendPing(channel), PING_INTERVAL_MS);
+    clearInterval(pingTimer);
+    pingTimer = setInterval(() => {
+      if (performance.now() - lastPongAt > PING_TIMEOUT_MS && parley.pc === pc && parley.state === "connected") {
+        return reconnect("no pong from the gateway");
+      }
+      sendPing(channel);
+    }, PING_INTERVAL_MS);
   };
   channel.onmessage = (message) => onEvent(parseEvent(message.data));
   channel.onclose = () => {
+    if (parley.pc !== pc) return;
     clearInterval(pingTimer);
-    // The gateway closes the channel when it ends the call (shutdown, timeout).
-    if (parley.pc === pc && parley.state === "connected") endCall("The gateway ended the call.");
+    // Without a session.ended first, a closing channel means the call dropped (a node
+    // died or restarted): the session lives on, so resume it.
+    if (parley.state === "connected") reconnect("the events channel closed");
   };
 }
 
@@ -230,6 +272,10 @@ function parseEvent(data) {
 
 function onEvent(event) {
   if (!event) return console.warn("parley: ignoring a malformed event");
+  if (typeof event.seq === "number") {
+    if (event.seq <= parley.lastSeq) return; // already seen (a replay overlapping what arrived)
+    parley.lastSeq = event.seq;
+  }
   parley.events.push(event);
   if (parley.events.length > MAX_KEPT_EVENTS) parley.events.splice(0, parley.events.length - MAX_KEPT_EVENTS);
   switch (event.type) {
@@ -241,7 +287,15 @@ function onEvent(event) {
       renderStats(event);
       break;
     case "pong":
+      lastPongAt = performance.now();
       showRoundTrip(event.ping_id);
+      break;
+    case "session.migrate": // the gateway is draining: move to another node now
+      parley.resumeToken = event.resume_token;
+      reconnect("the gateway asked to migrate", 0);
+      break;
+    case "session.ended":
+      if (FINAL_END_REASONS.includes(event.reason)) endCall(`The call ended (${event.reason}).`);
       break;
     case "error":
       showError(`Gateway error: ${event.message} (${event.code})`);
@@ -262,6 +316,67 @@ function showRoundTrip(id) {
   pingsSent.delete(id);
   ui.rtt.textContent = `${(performance.now() - sentAt).toFixed(1)} ms`;
 }
+
+// -- reconnecting ------------------------------------------------------------------------
+
+async function reconnect(why, firstDelayMs = RECONNECT_DELAYS_MS[0]) {
+  if (parley.state !== "connected" || !parley.resumeToken) return;
+  console.info(`parley: reconnecting: ${why}`);
+  setState("reconnecting");
+  ui.connection.textContent = "reconnecting…";
+  const attempt = ++currentAttempt;
+  closePeer(dropPeer());
+  for (let i = 0; i < RECONNECT_DELAYS_MS.length; i++) {
+    await sleep(i === 0 ? firstDelayMs : RECONNECT_DELAYS_MS[i]);
+    if (attempt !== currentAttempt) return; // hung up meanwhile
+    try {
+      await resumeOnce(attempt);
+      if (attempt !== currentAttempt) return;
+      parley.reconnects++;
+      setState("connected");
+      return;
+    } catch (err) {
+      if (attempt !== currentAttempt) return;
+      closePeer(dropPeer());
+      console.warn(`parley: reconnect try ${i + 1} failed: ${err.message}`);
+      if (err.status === 401 || err.status === 404) return fail(`The session cannot be resumed: ${err.message}`);
+    }
+  }
+  await fail("The connection to the gateway was lost and could not be restored.");
+}
+
+async function resumeOnce(attempt) {
+  const pc = createPeerConnection(localStream);
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
+  if (attempt !== currentAttempt) return;
+  const { answer, callUrl } = await postOffer({
+    sdp: pc.localDescription.sdp, type: "offer", resume_token: parley.resumeToken, last_seq: parley.lastSeq,
+  });
+  if (attempt !== currentAttempt) return deleteCall(callUrl);
+  parley.location = callUrl;
+  await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+  await connected(pc, CONNECT_TIMEOUT_MS);
+}
+
+function connected(pc, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("no connection within the timeout")), timeoutMs);
+    const check = () => {
+      if (pc.connectionState === "connected") {
+        clearTimeout(timer);
+        resolve();
+      } else if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+        clearTimeout(timer);
+        reject(new Error(`connection ${pc.connectionState}`));
+      }
+    };
+    pc.addEventListener("connectionstatechange", check);
+    check();
+  });
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // -- stats panel -------------------------------------------------------------------------
 
@@ -323,19 +438,26 @@ function stopLevelMeter() {
 
 // -- ending a call -----------------------------------------------------------------------
 
-// Stops capture, playback and pings at once and detaches the peer connection, so its late
-// events are ignored. Returns the connection, still open: the caller decides when to close.
+// Stops pings and detaches the peer connection, so its late events are ignored; the
+// microphone stays open (a reconnect reuses it). Returns the connection, still open.
+function dropPeer() {
+  clearInterval(pingTimer);
+  clearTimeout(disconnectedTimer);
+  pingsSent.clear();
+  const pc = parley.pc;
+  parley.pc = null;
+  parley.location = null;
+  return pc;
+}
+
+// Stops capture, playback and pings at once and detaches the peer connection.
 function detachCall() {
   currentAttempt++;
-  clearInterval(pingTimer);
-  pingsSent.clear();
   stopLevelMeter();
   localStream?.getTracks().forEach((track) => track.stop());
   localStream = null;
   ui.remote.srcObject = null;
-  const pc = parley.pc;
-  parley.pc = null;
-  return pc;
+  return dropPeer();
 }
 
 function closePeer(pc) {
@@ -364,7 +486,7 @@ async function deleteCall(url) {
 }
 
 async function hangUp() {
-  if (parley.state !== "calling" && parley.state !== "connected") return;
+  if (!["calling", "connected", "reconnecting"].includes(parley.state)) return;
   const callUrl = takeCallUrl();
   const pc = detachCall(); // silent at once
   setState("ended");

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterator
 
 import aiohttp
 import pytest
@@ -55,6 +55,18 @@ async def start_gateway() -> AsyncIterator[Callable[..., "Gateway"]]:
     yield start
     for runner in runners:
         await runner.cleanup()
+
+
+@pytest.fixture
+def redis_server() -> Iterator["RedisServer"]:
+    """A real redis-server on a random port, killed after the test."""
+    from tests.redis_server import REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; `make test` does)")
+    server = RedisServer()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -130,13 +130,16 @@ class Caller:
         self.events.append(json.loads(message))
         self.event_arrived.set()
 
-    async def call(self, session: aiohttp.ClientSession, resume_token: Optional[str] = None) -> dict:
+    async def call(self, session: aiohttp.ClientSession, resume_token: Optional[str] = None,
+                   last_seq: Optional[int] = None) -> dict:
         self.pc.addTrack(self.track)
         self.pc.on("track", self._on_track)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
         if resume_token:
             body["resume_token"] = resume_token
+        if last_seq is not None:
+            body["last_seq"] = last_seq
         async with session.post(self.base_url + "/v1/calls", json=body) as response:
             self.response = await response.json()
             if response.status != 201:
@@ -185,6 +188,9 @@ class Caller:
                 await asyncio.wait_for(self.event_arrived.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
+
+    def seqs(self) -> list[int]:
+        return [event["seq"] for event in self.events]
 
     async def wait_connected(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

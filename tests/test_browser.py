@@ -191,3 +191,68 @@ async def test_browser_echo_call(start_gateway, tmp_path):
           f" last jitter {stats[-1]['jitter']}, pacer {stats[-1]['pacer']}")
     assert len(found) >= MIN_CHIRPS_FOUND, f"the echo lacks the chirps: {len(found)} of {len(chirps)} found"
     assert max(found) - min(found) <= DELAY_SPREAD_S, f"chirps came back out of place: {chirps}"
+
+
+async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_path):
+    """The demo page resumes its session by itself: after a session.migrate, and after the
+    gateway drops the call without a word (as a dying node would)."""
+    wav = tmp_path / "silence.wav"
+    write_wav(wav, np.zeros(RATE, np.float32), RATE)
+    gateway = await start_gateway(stats_interval_s=0.5)
+    console: list[str] = []
+
+    async def current_call(previous=None):
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while True:
+            calls = list(gateway.registry.by_session.values())
+            if calls and calls[0] is not previous and calls[0].pc.connectionState == "connected":
+                return calls[0]
+            assert time.monotonic() < deadline, "no new connected call on the gateway"
+            await asyncio.sleep(0.05)
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=chromium_args(wav))
+        try:
+            page = await browser.new_page()
+            page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
+            page.set_default_timeout(WAIT_MS)
+            try:
+                await page.goto(gateway.url)
+                await page.wait_for_function("window.parley && window.parley.state === 'idle'")
+                await page.click("#call")
+                await page.wait_for_function("window.parley.state === 'connected'")
+                first = await current_call()
+                session_id = await page.evaluate("window.parley.sessionId")
+                assert first.session_id == session_id
+
+                await gateway.registry.migrate(first)  # a draining node asks the client to move
+                await page.wait_for_function("window.parley.reconnects === 1 && window.parley.state === 'connected'")
+                second = await current_call(first)
+                assert second.session_id == session_id and second.resumed
+
+                await second.close("peer_timeout")  # dropped without session.ended
+                await page.wait_for_function("window.parley.reconnects === 2 && window.parley.state === 'connected'")
+                third = await current_call(second)
+                assert third.session_id == session_id and third.resumed
+                await page.wait_for_function(
+                    "window.parley.events.filter(e => e.type === 'session.ready').length === 3")
+                events = await page.evaluate("window.parley.events")
+                assert "reconnecting" in "\n".join(console)
+                async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
+                    await page.click("#hangup")
+                assert (await hang_up.value).status == 204
+                await wait_for_no_calls(gateway)
+                assert not gateway.registry.calls
+            except BaseException:
+                print("\n".join(["browser console:", *console]))
+                raise
+        finally:
+            await browser.close()
+
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs)), "events arrive once each, in order, across reconnects"
+    ready = [e for e in events if e["type"] == "session.ready"]
+    assert [e["resumed"] for e in ready] == [False, True, True]
+    assert all(e["session_id"] == session_id for e in ready)
+    assert third.playout.last_packet_at is not None, "the microphone reaches the resumed call"

@@ -2,42 +2,19 @@
 the live caller gets session.migrate after the drain timeout, and the process exits 0."""
 
 import asyncio
-import os
-import re
 import signal
-import subprocess
-import sys
 
-import aiohttp
 import numpy as np
 
+from tests import processes
 from tests.peer import RATE, Caller
+from tests.processes import DEADLINE_S, kill, wait_ready
 
 DRAIN_TIMEOUT_S = 2
-DEADLINE_S = 60.0  # generous: the machine may be busy
-ENV = {**os.environ, "PARLEY_ICE_ADDRESSES": "127.0.0.1", "PARLEY_LOG_LEVEL": "warning"}
 
 
 async def start_server(drain_timeout_s: float = DRAIN_TIMEOUT_S) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "serve", "--port", "0", "--drain-timeout-s", str(drain_timeout_s),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=ENV)
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), DEADLINE_S)).decode()
-        assert line, "the server exited before listening"
-        match = re.search(r"listening on (http://\S+)", line)
-        if match:
-            return proc, match.group(1)
-
-
-async def wait_ready(http: aiohttp.ClientSession, url: str) -> None:
-    deadline = asyncio.get_running_loop().time() + DEADLINE_S
-    while True:
-        async with http.get(url + "/readyz") as response:
-            if response.status == 200:
-                return
-        assert asyncio.get_running_loop().time() < deadline, "never ready"
-        await asyncio.sleep(0.1)
+    return await processes.start_server("--drain-timeout-s", str(drain_timeout_s))
 
 
 async def test_sigterm_drains_migrates_and_exits_zero(http):
@@ -72,9 +49,7 @@ async def test_sigterm_drains_migrates_and_exits_zero(http):
         assert await asyncio.wait_for(proc.wait(), DEADLINE_S) == 0
         await caller.close()
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill(proc)
 
 
 async def test_second_sigterm_exits_at_once(http):
@@ -95,6 +70,4 @@ async def test_second_sigterm_exits_at_once(http):
         assert not any(e["type"] == "session.migrate" for e in caller.events)
         await caller.close()
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill(proc)

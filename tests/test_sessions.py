@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 from typing import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -14,57 +12,16 @@ import redis
 
 from gateway.sessions import (MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, MemorySessionStore,
                               PendingTurn, RecordTooLarge, RedisSessionStore, SessionExists,
-                              SessionNotFound, SessionStore, StoreUnavailable, Turn,
-                              VersionConflict, events_key, lease_key, open_store, session_key)
+                              SessionNotFound, SessionStore, StoreUnavailable, TakeoverRequested, Turn,
+                              VersionConflict, events_key, lease_key, new_record, open_store,
+                              session_key)
 from tests.conftest import free_port
+from tests.redis_server import RedisServer
 
-REDIS_SERVER = shutil.which("redis-server")
-REDIS_START_DEADLINE_S = 10.0
 POLL_S = 0.05
 SHORT_TTL_S = 0.3  # for leases and sessions that must expire during a test
 EXPIRY_DEADLINE_S = 5.0  # generous: the machine may be busy
 UNAVAILABLE_DEADLINE_S = 5.0  # a dead Redis must raise well within this, never hang
-
-
-class RedisServer:
-    """A throwaway redis-server on a free loopback port, without persistence."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=1)
-        self._wait_until_ready()
-
-    def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + REDIS_START_DEADLINE_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-            try:
-                if self.client.ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(POLL_S)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer PING within {REDIS_START_DEADLINE_S} s")
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; `make test` does)")
-    server = RedisServer()
-    yield server
-    server.stop()
 
 
 StoreFactory = Callable[..., SessionStore]
@@ -221,6 +178,41 @@ async def test_lease_can_be_taken_after_it_expires(make_store: StoreFactory) -> 
     with pytest.raises(LeaseLost):
         await store.renew_lease("s1", "node-a", ttl_s=30)  # node-a lost it
     assert (await store.get("s1")).owner_node == "node-b"
+
+
+async def test_takeover_request_makes_the_holders_renewal_fail(make_store: StoreFactory) -> None:
+    store = make_store()
+    await store.create("s1")
+    await store.acquire_lease("s1", "node-a", ttl_s=30)
+    await store.renew_lease("s1", "node-a", ttl_s=30)
+    await store.request_takeover("s1", "node-b", ttl_s=30)
+    with pytest.raises(LeaseHeld):
+        await store.acquire_lease("s1", "node-b", ttl_s=30)  # asked, not yet given up
+    with pytest.raises(TakeoverRequested):
+        await store.renew_lease("s1", "node-a", ttl_s=30)  # node-a learns it must let go...
+    with pytest.raises(LeaseHeld):
+        await store.acquire_lease("s1", "node-b", ttl_s=30)  # ...and may write what is pending first
+    assert await store.release_lease("s1", "node-a")
+    await store.acquire_lease("s1", "node-b", ttl_s=30)
+    await store.renew_lease("s1", "node-b", ttl_s=30)  # the request was consumed by node-b
+    assert (await store.get("s1")).owner_node == "node-b"
+
+
+async def test_put_stores_unconditionally_and_restores_the_event_log(make_store: StoreFactory) -> None:
+    store = make_store()
+    record = new_record("s1", {"voice": "en-1"})
+    record.history.append(Turn("user", "hello"))
+    record.last_event_seq = 7
+    await store.put(record, [event(5), event(7)])  # creates it
+    assert (await store.get("s1")).history == [Turn("user", "hello")]
+    assert [json.loads(e)["seq"] for e in await store.events_since("s1", 0)] == [5, 7]
+    record.history.append(Turn("assistant", "hi", heard_text="hi"))
+    await store.put(record)  # overwrites the record, keeps the log
+    await store.append_event("s1", event(8))
+    stored = await store.get("s1")
+    assert stored.history[-1].heard_text == "hi" and stored.last_event_seq == 7
+    assert [json.loads(e)["seq"] for e in await store.events_since("s1", 6)] == [7, 8]
+    await store.ping()
 
 
 async def test_only_the_owner_renews(make_store: StoreFactory) -> None:
