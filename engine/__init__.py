@@ -15,7 +15,18 @@ from .interface import (
     WordMark,
 )
 
+# The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
+_RUNTIME_EXPORTS = ("CapacityError", "RuntimeStats", "SpeechEngine", "StreamFailed")
+
 __all__ = [
     "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechStart",
-    "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
+    "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", *_RUNTIME_EXPORTS,
 ]
+
+
+def __getattr__(name: str):
+    if name in _RUNTIME_EXPORTS:
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,25 +60,64 @@ def log_mel(audio: Tensor) -> Tensor:
     audio = audio.float()
     if audio.shape[-1] < N_FFT:
         return audio.new_zeros(*audio.shape[:-1], 0, N_MELS)
-    frames = audio.unfold(-1, N_FFT, HOP_LENGTH) * _window().to(audio.device)
+    return log_mel_windows(audio.unfold(-1, N_FFT, HOP_LENGTH))
+
+
+def log_mel_windows(windows: Tensor) -> Tensor:
+    """Raw analysis windows [..., N_FFT] -> normalised log-mel [..., N_MELS].
+
+    Row by row, so windows from many streams can share one call (the batched runtime).
+    """
+    if windows.numel() == 0:  # MKL's FFT rejects empty batches
+        return windows.new_zeros(*windows.shape[:-1], N_MELS)
+    frames = windows * _window().to(windows.device)
     power = torch.fft.rfft(frames, n=N_FFT).abs().pow(2)
-    mel = power @ mel_filters().to(audio.device).T
+    mel = power @ mel_filters().to(windows.device).T
     return (torch.log(mel + LOG_FLOOR) - LOG_MEL_MEAN) / LOG_MEL_STD
+
+
+class StreamingWindows:
+    """Audio that arrives in pieces of any size -> its complete analysis windows, in order."""
+
+    def __init__(self) -> None:
+        self._pending = np.zeros(0, np.float32)
+
+    def push(self, audio: np.ndarray) -> np.ndarray:
+        """Append float audio [samples]; returns the newly complete windows [n, N_FFT] (a copy)."""
+        pending = np.concatenate([self._pending, np.asarray(audio, np.float32).reshape(-1)])
+        count = 0 if len(pending) < N_FFT else 1 + (len(pending) - N_FFT) // HOP_LENGTH
+        if count == 0:
+            self._pending = pending
+            return np.zeros((0, N_FFT), np.float32)
+        windows = np.lib.stride_tricks.sliding_window_view(pending, N_FFT)[::HOP_LENGTH][:count]
+        self._pending = pending[count * HOP_LENGTH:]
+        return windows.copy()  # owns its memory: a one-row view would still be read-only
 
 
 class StreamingLogMel:
     """log_mel() over audio that arrives in pieces of any size; same frames, in order."""
 
     def __init__(self) -> None:
-        self._pending = torch.zeros(0)
+        self.windows = StreamingWindows()
 
-    def push(self, audio: Tensor) -> Tensor:
+    def push(self, audio: Tensor | np.ndarray) -> Tensor:
         """Append float audio [samples]; returns the newly complete frames [n, N_MELS]."""
-        self._pending = torch.cat([self._pending, audio.float().reshape(-1)])
-        frames = log_mel(self._pending)
-        consumed = frames.shape[0] * HOP_LENGTH
-        self._pending = self._pending[consumed:]
-        return frames
+        samples = audio.detach().float().cpu().numpy() if isinstance(audio, Tensor) else audio
+        return log_mel_windows(torch.from_numpy(self.windows.push(samples)))
+
+
+class FrameStacker:
+    """Log-mel frames in any count -> model frames of FRAMES_PER_STEP stacked mels; keeps the rest."""
+
+    def __init__(self) -> None:
+        self._backlog = torch.zeros(0, N_MELS)
+
+    def push(self, mels: Tensor) -> Tensor:
+        """[n, N_MELS] -> [steps, FRAMES_PER_STEP * N_MELS], steps = (backlog + n) // FRAMES_PER_STEP."""
+        mels = torch.cat([self._backlog, mels])
+        steps = mels.shape[0] // FRAMES_PER_STEP
+        self._backlog = mels[steps * FRAMES_PER_STEP:]
+        return mels[: steps * FRAMES_PER_STEP].reshape(steps, FRAMES_PER_STEP * N_MELS)
 
 
 def stack_frames(mels: Tensor) -> Tensor:
@@ -93,3 +132,12 @@ def to_float(audio: np.ndarray) -> np.ndarray:
     if audio.dtype == np.int16:
         return audio.astype(np.float32) / 32768.0
     return audio.astype(np.float32)
+
+
+def to_finite_float(audio: np.ndarray) -> np.ndarray:
+    """to_float(), refusing NaN or infinite samples: they would poison a stream's model state."""
+    audio = np.asarray(audio)
+    samples = to_float(audio)
+    if audio.dtype != np.int16 and not np.isfinite(samples).all():
+        raise ValueError("audio contains NaN or infinite samples")
+    return samples

@@ -29,30 +29,15 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import weights
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import SttConfig, SttModel, Recognizer
+from .stt import Recognizer, SttModel, load_model as load_stt
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
 
 PUSH_SAMPLES = 320  # 20 ms pieces, like the gateway's playout clock
 TRAILING_SILENCE_S = 2.0
-
-
-def load_stt(path: Optional[Path], device: str = "cpu") -> SttModel:
-    """The shipped STT weights, or a .safetensors / training checkpoint (.pt) given by path."""
-    path = path or weights.WEIGHTS_DIR / "stt.safetensors"
-    if path.suffix == ".pt":
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-        model = SttModel(SttConfig(**checkpoint["model_config"]))
-        model.load_state_dict(checkpoint["model"])
-    else:
-        state = weights.load_state(path, device)
-        model = SttModel(SttConfig(**weights.read_metadata(path)[0]))
-        model.load_state_dict(state)
-    return model.to(device).eval()
 
 
 def pairs(folder: Path) -> list[tuple[Path, str]]:

@@ -6,21 +6,25 @@
 
 One model, one fixed-size state per stream: `forward` runs a whole utterance (training,
 offline), `step` runs one 40 ms frame (streaming); both give the same outputs.
-`Recognizer` turns the per-frame outputs into the engine's events (Partial, Final with
-word times, SpeechStart, EndOfTurn).
+`StreamDecoder` turns one stream's per-frame outputs into the engine's events (Partial,
+Final with word times, SpeechStart, EndOfTurn); `Recognizer` is the single-stream path
+around it, engine/runtime.py the batched one.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .audio import FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, StreamingLogMel, to_float
+from . import weights
+from .audio import (FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, FrameStacker, StreamingLogMel,
+                    to_finite_float, to_float)
 from .interface import EndOfTurn, Final, Partial, SpeechStart, SttEvent
 from .ssm import BlockState, RecurrentStack
 
@@ -33,6 +37,7 @@ FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
 PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
 END_OF_TURN_THRESHOLD = 0.5  # P(end of turn) that closes a turn
 SPEECH_START_FRAMES = 2  # consecutive non-blank/speech frames that mark speech start
+SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
 
 
 @dataclass
@@ -119,45 +124,30 @@ class GreedyCtc:
         self.previous = BLANK
 
 
-class Recognizer:
-    """One caller's streaming recognition: audio in, engine events out (single-stream path).
+def frame_outputs(ctc_logits: Tensor, eot_logits: Tensor) -> list[tuple[int, list[float]]]:
+    """A batch of frame logits [B, V], [B, 3] -> per row (best token, end-of-turn probabilities)."""
+    tokens = ctc_logits.argmax(-1).tolist()
+    probabilities = torch.softmax(eot_logits.float(), -1).tolist()
+    return list(zip(tokens, probabilities))
 
-    The batched runtime drives many streams through SttModel.step at once; this class is
-    the reference behaviour for one stream, and what tests and the bench CLI use.
+
+class StreamDecoder:
+    """One stream's decoding: per-frame (best token, end-of-turn probabilities) -> engine events.
+
+    Shared by the single-stream Recognizer and the batched runtime, so both emit the same events.
     """
 
-    def __init__(self, model: SttModel) -> None:
-        self.model = model.eval()
-        self.features = StreamingLogMel()
-        self.state = model.initial_state(1)
-        self._mel_backlog = torch.zeros(0, N_MELS)
+    def __init__(self) -> None:
         self.frame = 0
         self.ctc = GreedyCtc()
         self._last_partial = ""
         self._speech_frames = 0
         self._in_speech = False
 
-    @torch.no_grad()
-    def push(self, pcm: np.ndarray) -> list[SttEvent]:
-        """int16 (or float in [-1, 1]) 16 kHz mono -> events caused by this audio."""
-        audio = to_float(pcm)
-        if not np.all(np.isfinite(audio)):
-            raise ValueError("audio contains NaN or infinite samples")
-        mels = torch.cat([self._mel_backlog, self.features.push(torch.from_numpy(audio))])
-        steps = mels.shape[0] // FRAMES_PER_STEP
-        self._mel_backlog = mels[steps * FRAMES_PER_STEP:]
-        events: list[SttEvent] = []
-        for k in range(steps):
-            stacked = mels[k * FRAMES_PER_STEP:(k + 1) * FRAMES_PER_STEP].reshape(1, -1)
-            ctc_logits, eot_logits, self.state = self.model.step(stacked, self.state)
-            events += self._on_frame(int(ctc_logits.argmax(-1)), torch.softmax(eot_logits[0], -1))
-            self.frame += 1
-        return events
-
-    def _on_frame(self, token: int, eot: Tensor) -> list[SttEvent]:
+    def on_frame(self, token: int, eot: Sequence[float]) -> list[SttEvent]:
         events: list[SttEvent] = []
         grew = self.ctc.push(token, self.frame)
-        speaking = token != BLANK or int(eot.argmax()) == SPEECH
+        speaking = token != BLANK or max(range(len(eot)), key=eot.__getitem__) == SPEECH
         self._speech_frames = self._speech_frames + 1 if speaking else 0
         if not self._in_speech and self._speech_frames >= SPEECH_START_FRAMES:
             self._in_speech = True
@@ -166,9 +156,10 @@ class Recognizer:
         if grew and text != self._last_partial and self.frame % PARTIAL_EVERY_FRAMES == 0:
             self._last_partial = text
             events.append(Partial(text))
-        if self._in_speech and text and float(eot[END_OF_TURN]) >= END_OF_TURN_THRESHOLD:
+        if self._in_speech and text and eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD:
             events += [Final(text, self.ctc.words()), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
             self._close_turn()
+        self.frame += 1
         return events
 
     def flush(self) -> list[SttEvent]:
@@ -185,6 +176,36 @@ class Recognizer:
         self._speech_frames = 0
 
 
+class Recognizer:
+    """One caller's streaming recognition: audio in, engine events out (single-stream path).
+
+    The batched runtime (engine/runtime.py) drives many streams through SttModel.step at
+    once with the same StreamDecoder; this class is the reference behaviour for one stream,
+    and what tests and the bench CLI use.
+    """
+
+    def __init__(self, model: SttModel) -> None:
+        self.model = model.eval()
+        self.features = StreamingLogMel()
+        self.stacker = FrameStacker()
+        self.state = model.initial_state(1)
+        self.decoder = StreamDecoder()
+
+    @torch.no_grad()
+    def push(self, pcm: np.ndarray) -> list[SttEvent]:
+        """int16 (or float in [-1, 1]) 16 kHz mono -> events caused by this audio."""
+        stacked = self.stacker.push(self.features.push(to_finite_float(pcm)))
+        events: list[SttEvent] = []
+        for frame in stacked:
+            ctc_logits, eot_logits, self.state = self.model.step(frame[None], self.state)
+            events += self.decoder.on_frame(*frame_outputs(ctc_logits, eot_logits)[0])
+        return events
+
+    def flush(self) -> list[SttEvent]:
+        """The audio ended: finalise whatever was heard (no end-of-turn claim)."""
+        return self.decoder.flush()
+
+
 @torch.no_grad()
 def transcribe(model: SttModel, audio: np.ndarray) -> str:
     """Offline greedy transcription of one utterance (float or int16, 16 kHz)."""
@@ -199,3 +220,22 @@ def transcribe(model: SttModel, audio: np.ndarray) -> str:
     for frame, token in enumerate(ctc_logits[0].argmax(-1).tolist()):
         decoder.push(token, frame)
     return decoder.text()
+
+
+def load_model(path: Optional[Path] = None, device: str = "cpu") -> SttModel:
+    """The shipped STT weights, or a .safetensors / training checkpoint (.pt) given by path.
+
+    Raises FileNotFoundError naming the path when there are no weights (not trained yet).
+    """
+    path = Path(path) if path else SHIPPED_WEIGHTS
+    if path.suffix == ".pt":
+        if not path.exists():
+            raise FileNotFoundError(f"no STT checkpoint at {path}")
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        model = SttModel(SttConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    else:
+        state = weights.load_state(path, device)
+        model = SttModel(SttConfig(**weights.read_metadata(path)[0]))
+        model.load_state_dict(state)
+    return model.to(device).eval()
