@@ -7,9 +7,9 @@ wait (oldest dropped past MAX_PENDING_WRITES, which is safe: on recovery every l
 is restored whole from its local copy, so a Redis that restarted empty gets everything
 back). Outages and recoveries are logged once each, not per write.
 
-Leases are renewed every lease_ttl_s / 3. A renewal answered with TakeoverRequested means
-the caller reconnected to another node: this node writes what is pending, releases the
-lease and closes its call. A lease that lapsed is retaken if it is free; if another node
+Leases are renewed every lease_ttl_s / 3. A takeover request (pushed by the store, or a
+renewal answered with TakeoverRequested) means the caller reconnected to another node:
+this node writes what is pending, releases the lease and closes its call. A lease that lapsed is retaken if it is free; if another node
 holds it by then, the call is closed at once.
 """
 
@@ -64,12 +64,14 @@ class SessionKeeper:
         self._queued_records: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._handing_over: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._write_behind()), loop.create_task(self._renew_leases())]
+        self._tasks = [loop.create_task(self._write_behind()), loop.create_task(self._renew_leases()),
+                       loop.create_task(self._listen_for_takeovers())]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -298,14 +300,30 @@ class SessionKeeper:
         await self.store.acquire_lease(session_id, self.node_id, self.lease_ttl_s)
         session.leased = True
 
+    async def _listen_for_takeovers(self) -> None:
+        while True:
+            try:
+                async for session_id in self.store.takeover_requests(self.node_id):
+                    if session_id in self.live:
+                        asyncio.get_running_loop().create_task(self._hand_over(session_id))
+            except StoreUnavailable:
+                pass  # the write-behind loop reports and probes; subscribe again shortly
+            await asyncio.sleep(RETRY_MAX_S)
+
     async def _hand_over(self, session_id: str) -> None:
         """Another node asked for this session: write what is pending, let go, close the call."""
-        await self.flush(timeout_s=1.0, session_id=session_id)
-        session = self.live.get(session_id)
-        if session is not None:
-            await self._release(session_id)
-            self.recent.pop(session_id, None)
-            await self._lost(session_id, session)
+        if session_id in self._handing_over:
+            return
+        self._handing_over.add(session_id)
+        try:
+            await self.flush(timeout_s=1.0, session_id=session_id)
+            session = self.live.get(session_id)
+            if session is not None:
+                await self._release(session_id)
+                self.recent.pop(session_id, None)
+                await self._lost(session_id, session)
+        finally:
+            self._handing_over.discard(session_id)
 
     async def _lost(self, session_id: str, session: Optional[LiveSession] = None) -> None:
         session = self.live.pop(session_id, None) or session

@@ -12,6 +12,7 @@ Redis key layout (every key has a TTL; values are small JSON or plain strings):
                           (RPUSH + LTRIM)                              PX session_ttl_s
     parley:lease:{id}     owner node id (SET NX PX)                    PX lease ttl_s
     parley:takeover:{id}  node id asking the holder to let go          PX lease ttl_s
+    parley:takeovers:{node}  pub/sub channel: session ids that node is asked to let go
 
 The lease key is the single source of truth for ownership: `get` fills a record's
 `owner_node` and `lease_expires_at` from it, and those fields are never stored in the
@@ -19,8 +20,9 @@ record. A lease means two nodes never drive one session at once: only the holder
 or release it, and anyone may take it once it has expired. A node that wants a session
 another node holds (the caller reconnected there) posts a takeover request; the holder's
 next renewal fails with TakeoverRequested, and it writes what is pending, stops driving the
-session and releases the lease. So a live holder hands over within one renewal period (with
-nothing lost), and a dead one within one lease TTL.
+session and releases the lease. The request is also published to the holder, which acts on
+it at once; the renewal is the fallback if the message is missed. So a live holder hands
+over in milliseconds (with nothing lost), and a dead one within one lease TTL.
 
 Updates are optimistic: a record carries a `version`; `update` succeeds only when the stored
 version still equals it (Redis: WATCH/MULTI) and returns the record with `version + 1`.
@@ -31,13 +33,15 @@ verified with the server secret, so nothing secret is stored here.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Deque, Iterator, Optional, Protocol
+from typing import Any, AsyncIterator, Deque, Iterator, Optional, Protocol
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
@@ -195,8 +199,13 @@ class SessionStore(Protocol):
         """Drop the lease if `node_id` holds it; True if it did."""
 
     async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
-        """Ask the lease holder to let go: its next renew_lease raises TakeoverRequested; once
-        it releases the lease (or the lease expires), `node_id` can acquire it."""
+        """Ask the lease holder to let go: it is told through takeover_requests, and its next
+        renew_lease raises TakeoverRequested; once it releases the lease (or the lease
+        expires), `node_id` can acquire it."""
+
+    def takeover_requests(self, node_id: str) -> AsyncIterator[str]:
+        """Session ids that other nodes ask `node_id` to let go, as they are asked. Raises
+        StoreUnavailable when the store goes away (subscribe again later)."""
 
     async def delete(self, session_id: str) -> bool:
         """Remove the record, its event log and its lease; True if the record existed."""
@@ -226,6 +235,7 @@ class MemorySessionStore:
         self._entries: dict[str, _MemoryEntry] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # id -> (node, expiry in Unix s)
         self._takeovers: dict[str, tuple[str, float]] = {}  # id -> (asking node, expiry in Unix s)
+        self._takeover_queues: dict[str, asyncio.Queue[str]] = {}  # holder node -> requests for it
 
     def _entry(self, session_id: str) -> _MemoryEntry:
         entry = self._entries.get(session_id)
@@ -324,6 +334,17 @@ class MemorySessionStore:
 
     async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
         self._takeovers[session_id] = (node_id, time.time() + ttl_s)
+        lease = self._lease(session_id)
+        if lease is not None and lease[0] in self._takeover_queues:
+            self._takeover_queues[lease[0]].put_nowait(session_id)
+
+    async def takeover_requests(self, node_id: str) -> AsyncIterator[str]:
+        queue = self._takeover_queues.setdefault(node_id, asyncio.Queue())
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._takeover_queues.pop(node_id, None)
 
     async def release_lease(self, session_id: str, node_id: str) -> bool:
         lease = self._lease(session_id)
@@ -375,6 +396,14 @@ if asking and asking ~= ARGV[1] then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+# KEYS[1] lease, KEYS[2] takeover; ARGV[1] asking node, ARGV[2] ttl ms, ARGV[3] session id,
+# ARGV[4] channel prefix. Records the request and tells the holder, if any, on its channel.
+REQUEST_TAKEOVER_LUA = """
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then redis.call('PUBLISH', ARGV[4] .. owner, ARGV[3]) end
+return 1
+"""
 # KEYS[1] lease; ARGV[1] node. 1 if released, 0 if node did not hold it.
 RELEASE_LEASE_LUA = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -396,6 +425,9 @@ def lease_key(session_id: str) -> str:
 
 def takeover_key(session_id: str) -> str:
     return f"{KEY_PREFIX}:takeover:{session_id}"
+
+
+TAKEOVER_CHANNEL_PREFIX = f"{KEY_PREFIX}:takeovers:"
 
 
 def _ms(seconds: float) -> int:
@@ -430,6 +462,7 @@ class RedisSessionStore:
         self._acquire = self._redis.register_script(ACQUIRE_LEASE_LUA)
         self._renew = self._redis.register_script(RENEW_LEASE_LUA)
         self._release = self._redis.register_script(RELEASE_LEASE_LUA)
+        self._request_takeover = self._redis.register_script(REQUEST_TAKEOVER_LUA)
 
     @property
     def _ttl_ms(self) -> int:
@@ -539,7 +572,21 @@ class RedisSessionStore:
 
     async def request_takeover(self, session_id: str, node_id: str, ttl_s: float) -> None:
         with _redis_errors(self.url):
-            await self._redis.set(takeover_key(session_id), node_id, px=_ms(ttl_s))
+            await self._request_takeover(keys=[lease_key(session_id), takeover_key(session_id)],
+                                         args=[node_id, _ms(ttl_s), session_id, TAKEOVER_CHANNEL_PREFIX])
+
+    async def takeover_requests(self, node_id: str) -> AsyncIterator[str]:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            with _redis_errors(self.url):
+                await pubsub.subscribe(TAKEOVER_CHANNEL_PREFIX + node_id)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None and message["type"] == "message":
+                        yield message["data"]
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     async def release_lease(self, session_id: str, node_id: str) -> bool:
         with _redis_errors(self.url):

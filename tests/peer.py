@@ -93,8 +93,13 @@ class PacketCounter:
     def __init__(self) -> None:
         self.packets = 0
         self.loud_packets = 0
+        self.first_packet_at: Optional[float] = None  # time.monotonic()
+        self.first_packet = asyncio.Event()
 
     def add(self, packet: Any) -> tuple[bool, None]:
+        if self.first_packet_at is None:
+            self.first_packet_at = time.monotonic()
+            self.first_packet.set()
         self.packets += 1
         self.loud_packets += len(packet.payload) > self.LOUD_PAYLOAD_BYTES
         return False, None

@@ -40,6 +40,7 @@ async def make_store(request) -> AsyncIterator[StoreFactory]:
         else:
             store = MemorySessionStore(session_ttl_s)
             store._entries, store._leases = memory_data._entries, memory_data._leases
+            store._takeovers, store._takeover_queues = memory_data._takeovers, memory_data._takeover_queues
         stores.append(store)
         return store
 
@@ -196,6 +197,18 @@ async def test_takeover_request_makes_the_holders_renewal_fail(make_store: Store
     await store.acquire_lease("s1", "node-b", ttl_s=30)
     await store.renew_lease("s1", "node-b", ttl_s=30)  # the request was consumed by node-b
     assert (await store.get("s1")).owner_node == "node-b"
+
+
+async def test_the_holder_is_told_of_a_takeover_request_at_once(make_store: StoreFactory) -> None:
+    holder, asker = make_store(), make_store()
+    await holder.create("s1")
+    await holder.acquire_lease("s1", "node-a", ttl_s=30)
+    requests = holder.takeover_requests("node-a")
+    first = asyncio.ensure_future(requests.__anext__())
+    await asyncio.sleep(0.2)  # let the subscription reach the store before publishing
+    await asker.request_takeover("s1", "node-b", ttl_s=30)
+    assert await asyncio.wait_for(first, EXPIRY_DEADLINE_S) == "s1"
+    await requests.aclose()
 
 
 async def test_put_stores_unconditionally_and_restores_the_event_log(make_store: StoreFactory) -> None:
