@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from pathlib import Path
@@ -21,12 +22,15 @@ import jinja2
 from aiohttp import web
 
 from . import echo_test, tokens
-from .call import Call
-from .config import Config
+from .call import Call, ModeFactory, echo_test_mode
+from .config import ENGINE_MODES, Config
+from .engine_host import EngineHost
 from .events import EventChannel
+from .ice import bind_media_ports, parse_port_range
 from .keeper import LiveSession, SessionBusy, SessionKeeper
 from .nodes import NodeRegistry, NodeStatus
 from .sessions import SessionNotFound, StoreUnavailable, open_store
+from .transcribe import Transcribe
 from .loop_monitor import LoopLagMonitor, percentiles
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, run_sampler
@@ -41,6 +45,7 @@ MAX_BODY_BYTES = MAX_SDP_BYTES  # 64 KiB for JSON and SDP bodies alike
 CONFIG_KEY = web.AppKey("config", Config)
 CALLS_KEY = web.AppKey("calls", "CallRegistry")
 WARMUP_KEY = web.AppKey("warmup", WarmUp)
+ENGINE_KEY = web.AppKey("engine", EngineHost)
 CLIENT_CLOSED_STATUS = 499  # the metrics' status for a request the client abandoned (nginx's convention)
 DRAIN_POLL_S = 0.1  # how often a drain checks whether the last call has ended
 WARM_UPS: dict[str, WarmUpFn] = {"echo-test": echo_test.warm_up}  # per mode; an engine mode adds its own
@@ -105,8 +110,9 @@ class CallRegistry:
     resumed session replaces the call that drove it before (on this node or another).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, engine: Optional[EngineHost] = None) -> None:
         self.config = config
+        self.engine = engine
         self.calls: dict[str, Call] = {}
         self.by_session: dict[str, Call] = {}
         self.keeper = SessionKeeper(open_store(config.redis_url or None), config.node_id, config.lease_ttl_s,
@@ -120,6 +126,8 @@ class CallRegistry:
         self.metrics = Metrics()
         self.metrics.active_sessions.set_function(lambda: self.active)
         self.metrics.draining.set_function(lambda: int(self.draining))
+        if engine is not None:
+            self.metrics.registry.register(engine)
 
     @property
     def active(self) -> int:
@@ -134,6 +142,11 @@ class CallRegistry:
             raise ApiError(429, "too_many_sessions",
                            f"this node is at its limit of {self.config.max_sessions} sessions",
                            {"Retry-After": str(self.config.retry_after_s)})
+        if self.engine is not None:
+            admit, retry_after_s = self.engine.admission()
+            if not admit:
+                raise ApiError(503, "engine_busy", "the speech engine is at capacity; try again shortly",
+                               {"Retry-After": str(max(1, math.ceil(retry_after_s)))})
         self._reserved += 1
 
     async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int) -> tuple[Call, str]:
@@ -178,7 +191,17 @@ class CallRegistry:
         if resumed:
             events.replay(self.keeper.replay_after(session_id, last_seq))
         return Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
-                    events=events, resumed=resumed)
+                    events=events, resumed=resumed, mode=self._mode(session_id))
+
+    def _mode(self, session_id: str) -> ModeFactory:
+        if self.config.mode == "transcribe":
+            try:
+                stream = self.engine.open_stt(session_id)
+            except Exception as exc:  # CapacityError, or the engine closing under us
+                raise ApiError(503, "engine_busy", f"the speech engine cannot take this call: {exc}",
+                               {"Retry-After": str(self.config.retry_after_s)}) from None
+            return lambda pacer, events: Transcribe(stream, events)
+        return echo_test_mode(self.config)
 
     async def _forget(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
@@ -345,6 +368,8 @@ async def readyz(request: web.Request) -> web.Response:
         return error_response(503, "warming_up", "this node is still warming up", retry)
     if registry.full:
         return error_response(503, "full", "this node is at its session limit", retry)
+    if registry.engine is not None and not registry.engine.admission()[0]:
+        return error_response(503, "full", "the speech engine is at capacity", retry)
     return web.json_response({"status": "ready", "active_sessions": registry.active})
 
 
@@ -385,12 +410,14 @@ async def heartbeat(registry: CallRegistry, warmup: WarmUp) -> None:
         await asyncio.sleep(registry.nodes.heartbeat_s)
 
 
-def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Application:
-    """The gateway app; `warm_up` replaces the mode's warm-up (tests make it controllable)."""
+def create_app(config: Config, warm_up: Optional[WarmUpFn] = None, speech_engine: Any = None) -> web.Application:
+    """The gateway app; `warm_up` replaces the mode's warm-up (tests make it controllable), and
+    `speech_engine` the engine an engine mode would build from its weights."""
     app = web.Application(middlewares=[count_requests, json_errors], client_max_size=MAX_BODY_BYTES)
     app[CONFIG_KEY] = config
-    app[CALLS_KEY] = CallRegistry(config)
-    app[WARMUP_KEY] = WarmUp(warm_up or WARM_UPS[config.mode])
+    host = EngineHost(config, speech_engine) if config.mode in ENGINE_MODES else None
+    app[CALLS_KEY] = CallRegistry(config, host)
+    app[WARMUP_KEY] = WarmUp(warm_up or (host.warm_up if host else WARM_UPS[config.mode]))
     app[CALLS_KEY].metrics.ready.set_function(lambda: int(app[WARMUP_KEY].ready and not app[CALLS_KEY].draining))
     app.router.add_post("/v1/calls", create_call)
     app.router.add_delete("/v1/calls/{call_id}", delete_call)
@@ -405,6 +432,8 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Applic
 
     async def start_background(app: web.Application) -> None:
         registry = app[CALLS_KEY]
+        if config.media_ports:
+            bind_media_ports(asyncio.get_running_loop(), *parse_port_range(config.media_ports))
         registry.loop_lag.start()
         registry.keeper.start()
         app[WARMUP_KEY].start()
@@ -420,6 +449,8 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None) -> web.Applic
         await registry.nodes.close()
         await registry.keeper.stop()
         await app[WARMUP_KEY].stop()
+        if registry.engine is not None:
+            await registry.engine.close()
 
     async def close_calls(app: web.Application) -> None:
         await app[CALLS_KEY].close_all("shutdown")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Protocol
+
+import numpy as np
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
@@ -30,11 +32,33 @@ FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over"})
 ENDED_FLUSH_S = 0.5  # longest wait for session.ended to leave before the connection closes
 
 
+class Mode(Protocol):
+    """What a call does with the caller's audio (echo test, transcription, conversation)."""
+
+    def on_audio(self, pcm: np.ndarray) -> None:
+        """One 20 ms frame of 16 kHz int16 mono from the jitter buffer, on the playout clock."""
+
+    async def run(self) -> None:
+        """The mode's own work for the call's lifetime (cancelled when the call closes)."""
+
+    def describe(self) -> dict:
+        """Fields for session.ready."""
+
+    def close(self) -> None: ...
+
+
+ModeFactory = Callable[[PacedAudioTrack, EventChannel], Mode]
+
+
+def echo_test_mode(config: Config) -> ModeFactory:
+    return lambda pacer, events: EchoTest(pacer, config.echo_delay_ms)
+
+
 class Call:
     def __init__(self, call_id: str, session_id: str, config: Config,
                  on_closed: Callable[["Call"], Awaitable[None] | None],
                  loop_lag: Optional[LoopLagMonitor] = None, events: Optional[EventChannel] = None,
-                 resumed: bool = False) -> None:
+                 resumed: bool = False, mode: Optional[ModeFactory] = None) -> None:
         self.call_id = call_id
         self.session_id = session_id
         self.config = config
@@ -46,7 +70,7 @@ class Call:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers))
         self.events = events or EventChannel()
         self.pacer = PacedAudioTrack(bitrate=config.opus_bitrate)
-        self.mode = EchoTest(self.pacer, config.echo_delay_ms)
+        self.mode = (mode or echo_test_mode(config))(self.pacer, self.events)
         self.playout = Playout(self.mode.on_audio)
         self._on_closed = on_closed
         self._loop_lag = loop_lag
@@ -85,6 +109,7 @@ class Call:
         self._spawn(self._stats_loop())
         self._spawn(self._connect_watchdog())
         self._spawn(self._peer_watchdog())
+        self._spawn(self.mode.run())
         self.log.info("call answered", extra={"mode": self.config.mode})
         return enable_opus_fec(answer)
 
@@ -163,6 +188,7 @@ class Call:
             if task is not current:
                 task.cancel()
         await self.playout.stop()
+        self.mode.close()
         self.pacer.stop()
         try:
             await self.pc.close()

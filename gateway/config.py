@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-MODES = ("echo-test",)
+MODES = ("echo-test", "transcribe")
+ENGINE_MODES = ("transcribe",)  # modes that need the speech engine
+ENGINE_DEVICES = ("auto", "cpu", "cuda")
 NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SECRET_FIELDS = {"secret"}  # redis_url may carry a password too: masked below
@@ -31,7 +33,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     max_sessions: int = 32
-    mode: str = "echo-test"
+    mode: str = "echo-test"  # echo-test (diagnostic) | transcribe (live transcript events)
     log_level: str = "info"
     echo_delay_ms: int = 400  # echo-test: how long after speaking the caller hears themself
     opus_bitrate: int = 32000  # outbound Opus, mono, with in-band FEC
@@ -39,11 +41,16 @@ class Config:
     connect_timeout_s: float = 20.0  # a call whose peer never connects is closed after this
     ice_addresses: list[str] = field(default_factory=list)  # host candidate IPs; empty = all interfaces
     stun_urls: list[str] = field(default_factory=list)  # e.g. stun:stun.example.org:3478
+    media_ports: str = ""  # UDP port range for media, e.g. 40000-40999 (open it in the firewall); empty = any
     secret: str = ""  # HMAC key for resume tokens; random per process when unset
     resume_token_ttl_s: int = 3600
     retry_after_s: int = 2  # Retry-After on 429/503
     drain_timeout_s: float = 30.0  # after SIGTERM, live calls may continue this long before session.migrate
     privacy_log_content: bool = False  # allow audio/transcript text in logs
+    engine_device: str = "auto"  # auto = CUDA when present, else CPU
+    engine_max_streams: int = 64  # engine state slots (one per call); calls beyond get 503
+    engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
+    stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
     node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
     public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs
@@ -72,6 +79,20 @@ class Config:
             raise ConfigError(f"opus_bitrate: {self.opus_bitrate} is outside 6000-510000")
         if self.stats_interval_s <= 0 or self.connect_timeout_s <= 0:
             raise ConfigError("stats_interval_s and connect_timeout_s must be positive")
+        if self.engine_device not in ENGINE_DEVICES and not self.engine_device.startswith("cuda:"):
+            raise ConfigError(f"engine_device: {self.engine_device!r} is not one of {', '.join(ENGINE_DEVICES)} "
+                              "(or cuda:N)")
+        if self.engine_max_streams < 1 or self.engine_threads < 0:
+            raise ConfigError("engine_max_streams must be at least 1 and engine_threads not negative")
+        if self.stt_weights and not Path(self.stt_weights).is_file():
+            raise ConfigError(f"stt_weights: {self.stt_weights!r} is not a file")
+        if self.media_ports:
+            from .ice import parse_port_range
+
+            try:
+                parse_port_range(self.media_ports)
+            except ValueError as exc:
+                raise ConfigError(f"media_ports: {exc}") from None
         if self.lease_ttl_s <= 0 or self.peer_timeout_s <= 0:
             raise ConfigError("lease_ttl_s and peer_timeout_s must be positive")
         if self.new_calls_without_redis not in NEW_CALLS_WITHOUT_REDIS:

@@ -37,6 +37,12 @@ class EchoTest:
         return {"mode": "echo-test", "echo_delay_ms": self.delay_ms,
                 "note": "diagnostic: you hear your own audio; no speech recognition or synthesis"}
 
+    async def run(self) -> None:
+        """Nothing to do besides on_audio: the delay line runs on the playout clock."""
+
+    def close(self) -> None:
+        self._frames.clear()
+
 
 WARM_UP_FRAMES = 10  # 200 ms of tone through the encoder and back: proves libopus loads and runs
 WARM_UP_TONE_HZ = 440.0

@@ -31,6 +31,8 @@ const ui = {
   rtt: $("rtt"),
   remote: $("remote"),
   stats: document.querySelectorAll("[data-stat]"),
+  transcript: $("transcript"), // only in transcribe mode
+  partial: $("partial"),
 };
 
 // The test hook; also the page's whole state.
@@ -299,6 +301,17 @@ function onEvent(event) {
       break;
     case "error":
       showError(`Gateway error: ${event.message} (${event.code})`);
+      break;
+    case "transcript.partial":
+      if (ui.partial) ui.partial.textContent = event.text;
+      break;
+    case "transcript.final":
+      if (ui.transcript && event.text) {
+        const item = document.createElement("li");
+        item.textContent = event.text; // text, never HTML
+        ui.transcript.append(item);
+      }
+      if (ui.partial) ui.partial.textContent = "";
       break;
   }
 }

@@ -38,10 +38,10 @@ class Gateway:
 async def start_gateway() -> AsyncIterator[Callable[..., "Gateway"]]:
     runners: list[web.AppRunner] = []
 
-    async def start(warm_up=None, wait_ready: bool = True, **settings) -> Gateway:
+    async def start(warm_up=None, wait_ready: bool = True, speech_engine=None, **settings) -> Gateway:
         """A gateway with these settings; by default returned once its warm-up has finished."""
         config = Config(ice_addresses=["127.0.0.1"], **settings).validate()
-        app = create_app(config, warm_up=warm_up)
+        app = create_app(config, warm_up=warm_up, speech_engine=speech_engine)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -227,3 +227,18 @@ async def test_debug_timing(start_gateway, http):
     async with http.get(gateway.url + "/debug/timing?seconds=abc") as response:
         assert response.status == 400
         assert_error(await response.json(), "bad_request")
+
+
+async def test_media_ports_stay_in_the_configured_range(start_gateway, http):
+    import random
+    import re
+
+    from tests.test_resume import connect
+
+    first = random.randrange(41000, 60000)
+    gateway = await start_gateway(media_ports=f"{first}-{first + 49}")
+    caller = await connect(gateway.url, http)
+    ports = [int(m) for m in re.findall(r"a=candidate:\S+ \d+ udp \d+ \S+ (\d+) typ host", caller.response["sdp"])]
+    assert ports and all(first <= port <= first + 49 for port in ports), ports
+    await caller.wait_connected(30)
+    await caller.hang_up(http)

@@ -83,3 +83,27 @@ def test_missing_config_file_is_clear(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True,
                             env={**ENV, "PARLEY_CONFIG": str(tmp_path / "absent.toml")}, timeout=60)
     assert result.returncode == 2 and "cannot read it" in result.stderr
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"engine_device": "tpu"}, "engine_device: 'tpu' is not one of auto, cpu, cuda"),
+    ({"engine_max_streams": 0}, "engine_max_streams must be at least 1"),
+    ({"stt_weights": "/nonexistent/stt.safetensors"}, "stt_weights: '/nonexistent/stt.safetensors' is not a file"),
+    ({"redis_url": "localhost:6379"}, "redis_url: 'localhost:6379' must start with redis://"),
+    ({"public_url": "10.0.0.5:8080"}, "public_url: '10.0.0.5:8080' must start with http://"),
+    ({"new_calls_without_redis": "maybe"}, "new_calls_without_redis: 'maybe' is not one of accept, reject"),
+    ({"lease_ttl_s": 0}, "lease_ttl_s and peer_timeout_s must be positive"),
+])
+def test_engine_and_session_settings_are_validated(settings, message):
+    from gateway.config import Config, ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        Config(**settings).validate()
+    assert message in str(caught.value)
+
+
+def test_redis_password_is_masked_when_printed():
+    from gateway.config import Config
+
+    masked = Config(redis_url="redis://parley:hunter2@redis:6379/0").validate().masked()
+    assert masked["redis_url"] == "redis://parley:***@redis:6379/0" and masked["secret"] == "***"

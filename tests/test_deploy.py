@@ -9,6 +9,7 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.ice import parse_port_range
 from gateway.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,13 +17,15 @@ K8S = ROOT / "deploy" / "k8s"
 
 
 def manifests() -> dict[str, dict]:
-    """{kind: document} of the base manifests (one of each kind)."""
+    """{kind: document} of the gateway's base manifests; other components' as {kind/name: document}."""
     docs = {}
     for path in sorted(K8S.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             assert isinstance(doc, dict) and doc.get("kind"), f"{path.name}: not a Kubernetes object"
-            assert doc["kind"] not in docs, f"two {doc['kind']} objects"
-            docs[doc["kind"]] = doc
+            component = doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
+            key = doc["kind"] if component in (None, "gateway") else f"{doc['kind']}/{doc['metadata']['name']}"
+            assert key not in docs, f"two {key} objects"
+            docs[key] = doc
     return docs
 
 
@@ -65,7 +68,19 @@ def test_deployment_probes_grace_and_security():
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     # every PARLEY_* variable is a real setting
     settings = {"PARLEY_" + name.upper() for name in Config.__dataclass_fields__}
-    assert set(env) <= settings, set(env) - settings
+    parley_env = {name for name in env if name.startswith("PARLEY_")}
+    assert parley_env <= settings, parley_env - settings
+
+
+def test_redis_is_deployed_where_the_gateways_look_for_it():
+    docs = manifests()
+    service = docs["Service/parley-redis"]
+    assert service["spec"]["selector"] == docs["Deployment/parley-redis"]["spec"]["template"]["metadata"]["labels"]
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    url = env_of(container)["PARLEY_REDIS_URL"]["value"]
+    assert url == f"redis://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
+    parse_port_range(env_of(container)["PARLEY_MEDIA_PORTS"]["value"])
+    assert "redis.yaml" in yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
 
 
 def test_service_pdb_and_hpa_point_at_the_deployment():
@@ -111,7 +126,7 @@ def test_compose_has_redis_and_two_gateways():
     assert "redis" in services
     gateways = {name: s for name, s in services.items() if name.startswith("gateway")}
     assert len(gateways) >= 2
-    ports = set()
+    ports, media_ranges = set(), []
     settings = {"PARLEY_" + name.upper() for name in Config.__dataclass_fields__}
     for name, service in gateways.items():
         env = service["environment"]
@@ -123,7 +138,12 @@ def test_compose_has_redis_and_two_gateways():
         drain = float(re.search(r"(\d+)", str(env["PARLEY_DRAIN_TIMEOUT_S"]).split(":-")[-1]).group(1))
         assert grace > drain
         assert env["PARLEY_SECRET"].startswith("${PARLEY_SECRET")  # shared, never a literal
+        assert env["PARLEY_REDIS_URL"].startswith("redis://")  # sessions shared between replicas
+        assert env["PARLEY_PUBLIC_URL"].endswith(":" + env["PARLEY_PORT"])  # drain redirects land here
+        media_ranges.append(parse_port_range(env["PARLEY_MEDIA_PORTS"]))
     assert len(ports) == len(gateways), "each replica needs its own HTTP port on the host"
+    media_ranges.sort()
+    assert all(a[1] < b[0] for a, b in zip(media_ranges, media_ranges[1:])), "media port ranges overlap"
 
 
 def test_dockerfile_is_non_root_with_a_cuda_build_arg():
