@@ -21,7 +21,8 @@ ENGINE_MODES = ("transcribe",)  # modes that need the speech engine
 ENGINE_DEVICES = ("auto", "cpu", "cuda")
 NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-SECRET_FIELDS = {"secret"}  # redis_url may carry a password too: masked below
+SECRET_FIELDS = {"secret", "openai_api_key", "webhook_token"}  # URLs may carry a password too: masked below
+RESPONDERS = ("scripted", "echo", "openai", "webhook")
 
 
 class ConfigError(ValueError):
@@ -57,6 +58,16 @@ class Config:
     lease_ttl_s: float = 5.0  # a dead node's sessions can be resumed elsewhere after this
     peer_timeout_s: float = 5.0  # a connected call with no RTP and no data-channel message for this long is dead
     new_calls_without_redis: str = "accept"  # while Redis is down: accept (sessions written when it returns) or reject (503)
+    responder: str = "scripted"  # who decides what to say: scripted (flow file) | echo | openai | webhook
+    flow_file: str = ""  # scripted: YAML flow; empty = the shipped contact-center demo (gateway/responders/flows/)
+    openai_base_url: str = ""  # openai: an OpenAI-compatible API, e.g. https://api.openai.com/v1, http://localhost:8000/v1
+    openai_model: str = ""  # openai: the model name the endpoint expects
+    openai_api_key: str = ""  # openai: sent as a Bearer token; never printed or logged
+    system_prompt: str = ""  # openai: empty = a short spoken-answers voice-assistant prompt
+    webhook_url: str = ""  # webhook: the conversation is POSTed here as JSON, the reply streamed back
+    webhook_token: str = ""  # webhook: sent as a Bearer token when set; never printed or logged
+    responder_timeout_s: float = 5.0  # openai/webhook: the first words of a reply must arrive within this
+    responder_total_timeout_s: float = 60.0  # openai/webhook: a whole reply must arrive within this
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -104,14 +115,38 @@ class Config:
             raise ConfigError(f"public_url: {self.public_url!r} must start with http:// or https://")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s: {self.drain_timeout_s} must not be negative")
+        self._validate_responder()
         return self
+
+    def _validate_responder(self) -> None:
+        if self.responder not in RESPONDERS:
+            raise ConfigError(f"responder: {self.responder!r} is not one of {', '.join(RESPONDERS)}")
+        if self.responder_timeout_s <= 0 or self.responder_total_timeout_s < self.responder_timeout_s:
+            raise ConfigError("responder_timeout_s must be positive and responder_total_timeout_s at least as long")
+        for name in ("openai_base_url", "webhook_url"):
+            url = getattr(self, name)
+            if url and not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{name}: {mask_url_password(url)!r} must start with http:// or https://")
+        if self.responder == "openai" and not (self.openai_base_url and self.openai_model):
+            raise ConfigError("responder openai needs openai_base_url and openai_model "
+                              "(PARLEY_OPENAI_BASE_URL, PARLEY_OPENAI_MODEL)")
+        if self.responder == "webhook" and not self.webhook_url:
+            raise ConfigError("responder webhook needs webhook_url (PARLEY_WEBHOOK_URL)")
+        if self.responder == "scripted" or self.flow_file:
+            from .responders.flow import DEFAULT_FLOW, FlowError, cached_flow
+
+            try:
+                cached_flow(self.flow_file or DEFAULT_FLOW)
+            except FlowError as exc:
+                raise ConfigError(f"flow_file: {exc}") from None
 
     def masked(self) -> dict[str, Any]:
         """The settings as printed at start: secrets masked."""
         out = dataclasses.asdict(self)
         for name in SECRET_FIELDS:
             out[name] = "***" if out[name] else ""
-        out["redis_url"] = mask_url_password(out["redis_url"])
+        for name in ("redis_url", "openai_base_url", "webhook_url"):
+            out[name] = mask_url_password(out[name])
         return out
 
 
