@@ -123,6 +123,11 @@ class PacedAudioTrack(MediaStreamTrack):
         return self._queued_samples * 1000.0 / SAMPLE_RATE
 
     @property
+    def write_position(self) -> int:
+        """Where audio written now will start playing, on the played_samples scale (48 kHz)."""
+        return self.stats.audio_samples_sent + self._queued_samples
+
+    @property
     def played_samples(self) -> int:
         """Queued audio samples sent so far (48 kHz): where playback has got to."""
         return self.stats.audio_samples_sent

@@ -33,7 +33,11 @@ const ui = {
   stats: document.querySelectorAll("[data-stat]"),
   transcript: $("transcript"), // only in transcribe mode
   partial: $("partial"),
+  dialog: $("dialog"), // only in conversation mode
+  waterfall: document.querySelector("#waterfall tbody"),
 };
+const WATERFALL_TURNS = 5;
+const STAGES = ["end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "first_frame_ms"];
 
 // The test hook; also the page's whole state.
 const parley = {
@@ -311,7 +315,23 @@ function onEvent(event) {
         item.textContent = event.text; // text, never HTML
         ui.transcript.append(item);
       }
+      if (ui.dialog && event.text) addUserWords(event.text);
       if (ui.partial) ui.partial.textContent = "";
+      break;
+    case "response.text.delta":
+      if (ui.dialog) {
+        assistantBubble(event.turn).dataset.text += event.delta;
+        renderBubble(event.turn);
+      }
+      break;
+    case "response.interrupted":
+      if (ui.dialog) {
+        assistantBubble(event.turn).dataset.heard = event.heard_text;
+        renderBubble(event.turn);
+      }
+      break;
+    case "metrics.turn":
+      if (ui.waterfall) addWaterfallRow(event);
       break;
   }
 }
@@ -328,6 +348,69 @@ function showRoundTrip(id) {
   if (sentAt === undefined) return;
   pingsSent.delete(id);
   ui.rtt.textContent = `${(performance.now() - sentAt).toFixed(1)} ms`;
+}
+
+// -- conversation view ---------------------------------------------------------------------
+
+function addUserWords(text) {
+  const last = ui.dialog.lastElementChild;
+  if (last && last.classList.contains("user") && !last.dataset.closed) {
+    last.textContent += ` ${text}`;
+    return;
+  }
+  const item = document.createElement("li");
+  item.className = "user";
+  item.textContent = text;
+  ui.dialog.append(item);
+}
+
+function assistantBubble(turn) {
+  let item = ui.dialog.querySelector(`li.assistant[data-turn="${turn}"]`);
+  if (!item) {
+    for (const open of ui.dialog.querySelectorAll("li.user")) open.dataset.closed = "1";
+    item = document.createElement("li");
+    item.className = "assistant";
+    item.dataset.turn = String(turn);
+    item.dataset.text = "";
+    ui.dialog.append(item);
+  }
+  return item;
+}
+
+// The heard part of a reply in plain text, the unheard rest struck through.
+function renderBubble(turn) {
+  const item = assistantBubble(turn);
+  const text = item.dataset.text;
+  item.textContent = "";
+  if (item.dataset.heard === undefined) return (item.textContent = text);
+  const heardWords = item.dataset.heard.split(/\s+/).filter(Boolean).length;
+  const words = text.split(/\s+/).filter(Boolean);
+  item.append(document.createTextNode(words.slice(0, heardWords).join(" ") + " "));
+  const rest = document.createElement("s");
+  rest.textContent = words.slice(heardWords).join(" ");
+  item.append(rest);
+}
+
+function addWaterfallRow(event) {
+  const row = document.createElement("tr");
+  const bar = document.createElement("td");
+  const total = event.total_ms || STAGES.reduce((sum, key) => sum + (event[key] || 0), 0) || 1;
+  for (const key of STAGES) {
+    const span = document.createElement("span");
+    span.className = `stage ${key}`;
+    span.style.width = `${Math.max(0, (100 * (event[key] || 0)) / total)}%`;
+    span.title = `${key.replace(/_ms$/, "").replaceAll("_", " ")}: ${event[key] ?? "—"} ms`;
+    bar.append(span);
+  }
+  row.append(cell(String(event.turn)), bar, cell(event.total_ms == null ? "—" : `${event.total_ms} ms`));
+  ui.waterfall.prepend(row);
+  while (ui.waterfall.rows.length > WATERFALL_TURNS) ui.waterfall.deleteRow(-1);
+}
+
+function cell(text) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  return td;
 }
 
 // -- reconnecting ------------------------------------------------------------------------

@@ -1,0 +1,362 @@
+"""The conversation loop: one call's turn-taking between the caller and Parley.
+
+    listening ─SpeechStart─► user_speaking ─EndOfTurn─► responding ─first audio─► speaking
+        ▲                                                                          │
+        └──────────────── reply played out, or the caller barged in ◄──────────────┘
+
+Driven by the engine's recognizer events (SpeechStart, Partial, Final, EndOfTurn). A reply
+streams end to end: responder text deltas go to the TTS stream as they arrive, and TTS
+audio goes to the pacer as it is made, so Parley starts speaking on the reply's first
+phrase, not its last.
+
+Barge-in: when the caller starts speaking over a reply (engine speech detection, not raw
+energy), the pacer is flushed (audio stops within one 20 ms frame) and the TTS stream is
+cancelled. If the caller's speech yields words within `false_interruption_s`, the barge-in
+stands: the responder is cancelled too, `response.interrupted {heard_text, played_ms}` is
+sent and the history keeps only the words the caller heard (from the TTS word marks and
+the pacer's played-sample count). A cough or "mm-hm" that yields no words resumes the
+reply from the first unheard word.
+
+Responder actions (Handoff, EndCall) are performed once the text before them has played:
+`session.handoff {reason}`, or the call ends with reason `assistant_ended`.
+
+Every transition is an event on the data channel (docs/events.md); `metrics.turn` breaks
+each reply's latency down by stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+
+import numpy as np
+
+from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
+
+from .events import EventChannel
+from .pacer import SAMPLE_RATE as PACER_RATE
+from .pacer import PacedAudioTrack
+from .responders import Responder, ResponderError
+from .sessions import Turn
+
+log = logging.getLogger("parley.conversation")
+
+STT_RATE = 16000
+FALSE_INTERRUPTION_S = 0.6  # a barge-in that yields no words within this resumes the reply
+DRAIN_POLL_S = 0.02  # how often a finishing reply checks that the pacer has played it all
+APOLOGY = "Sorry, I'm having trouble answering right now."
+
+
+@dataclass
+class StageTimes:
+    """Monotonic times of one reply's stages (None until reached)."""
+
+    speech_end: Optional[float] = None  # the caller's last word ended (estimated from word times)
+    end_of_turn: Optional[float] = None  # the engine decided the turn was over
+    first_token: Optional[float] = None  # the responder's first text
+    first_audio: Optional[float] = None  # TTS's first audio chunk
+    first_frame: Optional[float] = None  # the pacer started sending it
+
+    def breakdown_ms(self) -> dict[str, Optional[float]]:
+        def span(a: Optional[float], b: Optional[float]) -> Optional[float]:
+            return round((b - a) * 1000, 1) if a is not None and b is not None else None
+
+        return {"end_of_turn_ms": span(self.speech_end, self.end_of_turn),
+                "responder_first_token_ms": span(self.end_of_turn, self.first_token),
+                "tts_first_audio_ms": span(self.first_token, self.first_audio),
+                "first_frame_ms": span(self.first_audio, self.first_frame),
+                "total_ms": span(self.speech_end or self.end_of_turn, self.first_frame)}
+
+
+@dataclass
+class Reply:
+    """One assistant reply: its text so far, where its audio sits in the pacer, its word marks."""
+
+    turn: int
+    text: str = ""
+    responder_done: bool = False
+    tts_done: bool = False  # the current TTS stream has given all its audio
+    start_sample: Optional[int] = None  # pacer sample (48 kHz) where the current TTS stream's audio starts
+    written: int = 0  # 48 kHz samples of the current TTS stream written to the pacer
+    rate: Optional[int] = None  # the TTS stream's sample rate
+    marks: list[tuple[str, int]] = field(default_factory=list)  # (word, sample offset in the TTS stream)
+    skipped_words: int = 0  # words heard before a resume (not synthesized again)
+    actions: list[Any] = field(default_factory=list)  # Handoff / EndCall, performed after playback
+    times: StageTimes = field(default_factory=StageTimes)
+
+    def heard(self, pacer: PacedAudioTrack) -> tuple[str, int]:
+        """(the words the caller heard, played ms): a word counts once its audio started."""
+        if self.start_sample is None or self.rate is None:
+            played = 0
+        else:
+            played = max(0, min(self.written, pacer.played_samples - self.start_sample))
+        played_tts = played * (self.rate or PACER_RATE) / PACER_RATE
+        words = self.text.split()[:self.skipped_words]
+        words += [word for word, offset in self.marks if offset < played_tts]
+        return " ".join(words), round(played * 1000 / PACER_RATE)
+
+
+class Conversation:
+    """A call mode (gateway/call.py `Mode`): the caller talks with a responder through the engine."""
+
+    def __init__(self, stt: Any, open_tts: Callable[[], Any], responder: Responder, pacer: PacedAudioTrack,
+                 events: EventChannel, history: Optional[list[Turn]] = None,
+                 hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
+                 false_interruption_s: float = FALSE_INTERRUPTION_S) -> None:
+        self.stt = stt
+        self.open_tts = open_tts
+        self.responder = responder
+        self.hang_up = hang_up
+        self.pacer = pacer
+        self.events = events
+        self.history: list[Turn] = history if history is not None else []
+        self.false_interruption_s = false_interruption_s
+        self.state = "listening"
+        self.reply: Optional[Reply] = None
+        self.turns = 0
+        self._pushed_samples = 0  # caller audio given to the recognizer (16 kHz)
+        self._user_text: list[str] = []
+        self._paused: Optional[asyncio.TimerHandle] = None  # pending false-interruption check
+        self._tasks: set[asyncio.Task] = set()
+        self._reply_task: Optional[asyncio.Task] = None
+        self._tts: Any = None
+        self._speech_end: Optional[float] = None
+
+    # -- Mode --------------------------------------------------------------------------------
+
+    def on_audio(self, pcm: np.ndarray) -> None:
+        self._pushed_samples += len(pcm)
+        self.stt.push(pcm)
+
+    def describe(self) -> dict:
+        return {"mode": "conversation"}
+
+    async def run(self) -> None:
+        if not self.history:  # a new session: the responder may speak first (a greeting)
+            self._start_reply(StageTimes(), greeting=True)
+        async for event in self.stt.events():
+            self.on_stt_event(event)
+
+    def close(self) -> None:
+        self._cancel_reply()
+        for task in list(self._tasks):
+            task.cancel()
+        self.stt.close()
+        self._spawn_detached(self.responder.aclose())
+
+    # -- the caller's side --------------------------------------------------------------------
+
+    def on_stt_event(self, event: Any) -> None:
+        """One recognizer event (SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
+        if isinstance(event, SpeechStart):
+            self._on_speech_start()
+        elif isinstance(event, Partial):
+            self.events.emit("transcript.partial", text=event.text)
+            if event.text.strip() and self._paused is not None:
+                self._confirm_barge_in()
+        elif isinstance(event, Final):
+            self._on_final(event)
+        elif isinstance(event, EndOfTurn):
+            self._on_end_of_turn(event)
+
+    def _on_speech_start(self) -> None:
+        if self.state in ("responding", "speaking") and self._paused is None:
+            self._pause_reply()
+        elif self.state == "listening":
+            self._set_state("user_speaking")
+
+    def _on_final(self, event: Final) -> None:
+        words = [{"word": w, "start": round(t0, 3), "end": round(t1, 3)} for w, t0, t1 in event.words]
+        self.events.emit("transcript.final", text=event.text, words=words)
+        if not event.text.strip():
+            return
+        if self._paused is not None:
+            self._confirm_barge_in()
+        self._user_text.append(event.text)
+        if event.words:  # when, on the wall clock, the last word ended
+            lag_s = self._pushed_samples / STT_RATE - event.words[-1][2]
+            self._speech_end = time.monotonic() - max(0.0, lag_s)
+
+    def _on_end_of_turn(self, event: EndOfTurn) -> None:
+        self.events.emit("turn.end", confidence=round(event.confidence, 3))
+        if not self._user_text:
+            return  # a turn with no words (noise) starts nothing
+        text = " ".join(self._user_text)
+        self._user_text = []
+        self.history.append(Turn("user", text))
+        self._start_reply(StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic()))
+        self._speech_end = None
+
+    # -- Parley's side --------------------------------------------------------------------------
+
+    def _start_reply(self, times: StageTimes, greeting: bool = False) -> None:
+        self._cancel_reply()
+        self.turns += 1
+        self.reply = Reply(self.turns, times=times)
+        self._set_state("responding")
+        self._reply_task = self._spawn(self._produce(self.reply, greeting))
+
+    async def _produce(self, reply: Reply, greeting: bool) -> None:
+        """Responder deltas -> events and TTS; then wait for the audio to play out."""
+        self._tts = self._new_tts(reply)
+        deltas = self.responder.start() if greeting else self.responder.respond(list(self.history))
+        try:
+            async with contextlib.aclosing(deltas):
+                async for item in deltas:
+                    self._take(reply, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failing responder must never leave the caller in silence
+            code = exc.code if isinstance(exc, ResponderError) else "responder_failed"
+            log.warning("responder failed", extra={"error": code})
+            self.events.error(code, "the assistant could not answer, and apologised")
+            self._take(reply, (" " if reply.text else "") + APOLOGY)
+        reply.responder_done = True
+        if self._tts is not None:
+            self._tts.end()
+        await self._finish(reply)
+
+    def _take(self, reply: Reply, item: Any) -> None:
+        """One responder delta: text is shown and spoken at once; actions wait for playback."""
+        if not isinstance(item, str):
+            reply.actions.append(item)
+            return
+        if reply.times.first_token is None:
+            reply.times.first_token = time.monotonic()
+        reply.text += item
+        self.events.emit("response.text.delta", turn=reply.turn, delta=item)
+        if self._tts is not None:
+            self._tts.push_text(item)
+
+    def _new_tts(self, reply: Reply) -> Any:
+        tts = self.open_tts()
+        self._spawn(self._play(reply, tts))
+        return tts
+
+    async def _play(self, reply: Reply, tts: Any) -> None:
+        """TTS events -> the pacer (audio) and the reply's word marks."""
+        async for event in tts.events():
+            if tts is not self._tts:
+                return  # cancelled (barge-in): this stream's remaining audio must not play
+            if isinstance(event, WordMark):
+                reply.marks.append((event.word, event.sample_offset))
+            elif isinstance(event, Audio):
+                self._write_audio(reply, event)
+        if tts is self._tts:
+            reply.tts_done = True
+
+    def _write_audio(self, reply: Reply, audio: Audio) -> None:
+        if reply.start_sample is None:
+            reply.start_sample = self.pacer.write_position
+            reply.rate = audio.sample_rate
+            if reply.times.first_audio is None:
+                reply.times.first_audio = time.monotonic()
+                self._spawn(self._report_first_frame(reply))
+            self.events.emit("response.audio.start", turn=reply.turn)
+            self._set_state("speaking")
+        self.pacer.write(audio.pcm, audio.sample_rate)
+        reply.written = self.pacer.write_position - reply.start_sample
+
+    async def _report_first_frame(self, reply: Reply) -> None:
+        while reply.start_sample is None or self.pacer.played_samples <= reply.start_sample:
+            if self.reply is not reply:
+                return  # interrupted before a frame went out
+            await asyncio.sleep(DRAIN_POLL_S)
+        reply.times.first_frame = time.monotonic()
+        self.events.emit("metrics.turn", turn=reply.turn, **reply.times.breakdown_ms())
+
+    async def _finish(self, reply: Reply) -> None:
+        """Wait until the reply's audio has played out, then record it as heard in full."""
+        while not reply.tts_done or (reply.start_sample is not None
+                                     and self.pacer.played_samples < reply.start_sample + reply.written):
+            await asyncio.sleep(DRAIN_POLL_S)
+        self.events.emit("response.audio.end", turn=reply.turn)
+        if reply.text:
+            self.history.append(Turn("assistant", reply.text, heard_text=reply.text))
+        self.reply = None
+        self._set_state("listening")
+        for action in reply.actions:
+            await self._perform(action)
+
+    async def _perform(self, action: Any) -> None:
+        if action.kind == "handoff":
+            self.events.emit("session.handoff", reason=action.reason)
+        elif action.kind == "end_call" and self.hang_up is not None:
+            self._spawn_detached(self.hang_up("assistant_ended"))
+
+    # -- barge-in ------------------------------------------------------------------------------
+
+    def _pause_reply(self) -> None:
+        """The caller started speaking over the reply: silence now, decide within false_interruption_s."""
+        self.pacer.flush()
+        self._stop_tts()
+        self._paused = asyncio.get_running_loop().call_later(self.false_interruption_s, self._resume_reply)
+
+    def _confirm_barge_in(self) -> None:
+        reply = self.reply
+        self._paused.cancel()
+        self._paused = None
+        if reply is None:
+            return
+        heard, played_ms = reply.heard(self.pacer)
+        self._cancel_reply()
+        self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)
+        self.history.append(Turn("assistant", reply.text, heard_text=heard))
+        self.reply = None
+        self._set_state("user_speaking")
+
+    def _resume_reply(self) -> None:
+        """No words came: it was a cough or an "mm-hm". Speak on from the first unheard word."""
+        self._paused = None
+        reply = self.reply
+        if reply is None:
+            return
+        heard, _ = reply.heard(self.pacer)
+        reply.skipped_words = len(heard.split())
+        rest = " ".join(reply.text.split()[reply.skipped_words:])
+        reply.marks, reply.start_sample, reply.written, reply.rate, reply.tts_done = [], None, 0, None, False
+        self.events.emit("response.resumed", turn=reply.turn, from_word=reply.skipped_words)
+        self._tts = self._new_tts(reply)
+        if rest:
+            self._tts.push_text(rest + (" " if not reply.responder_done else ""))
+        if reply.responder_done:
+            self._tts.end()
+
+    def _stop_tts(self) -> None:
+        tts, self._tts = self._tts, None
+        if tts is not None:
+            tts.cancel()
+
+    def _cancel_reply(self) -> None:
+        self._stop_tts()
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        if self._reply_task is not None:
+            self._reply_task.cancel()
+            self._reply_task = None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _spawn_detached(self, coro) -> None:
+        """Work that must outlive close() (closing the call, releasing the responder)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        _DETACHED.add(task)
+        task.add_done_callback(_DETACHED.discard)
+
+
+_DETACHED: set[asyncio.Task] = set()  # strong references, so detached tasks are not collected
+

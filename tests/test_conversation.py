@@ -1,0 +1,252 @@
+"""The conversation loop's turn-taking, barge-in and responder handling, on the real pacer
+(paced in real time) with the real responders.
+
+Recognizer events are fed in directly (the loop's input contract), so each scenario is
+exact. Speech comes from `ToneTts`, a small but complete TtsStream: each word becomes a
+tone of WORD_S seconds with a WordMark at its start — real audio and real marks, so what
+"the caller heard" is decided by the pacer's played-sample count exactly as in a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional
+
+import numpy as np
+import pytest
+
+from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
+from gateway.conversation import Conversation
+from gateway.events import EventChannel
+from gateway.pacer import PacedAudioTrack
+from gateway.responders import EchoResponder, Handoff, Responder
+from gateway.responders.openai import OpenAIResponder
+from gateway.sessions import Turn
+from tests.conftest import free_port
+
+TTS_RATE = 16000
+WORD_S = 0.1  # each word plays for this long
+DEADLINE_S = 30.0  # generous: the machine may be busy
+_END = object()
+
+
+class ToneTts:
+    """TtsStream: a tone per word, synthesized as soon as the word is complete."""
+
+    sample_rate = TTS_RATE
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._pending = ""
+        self._offset = 0
+        self.spoken: list[str] = []
+
+    def push_text(self, delta: str) -> None:
+        self._pending += delta
+        *complete, self._pending = self._pending.split(" ")
+        for word in filter(None, complete):
+            self._say(word)
+
+    def end(self) -> None:
+        if self._pending.strip():
+            self._say(self._pending.strip())
+        self._pending = ""
+        self._queue.put_nowait(_END)
+
+    def cancel(self) -> None:
+        self._queue.put_nowait(_END)
+
+    def _say(self, word: str) -> None:
+        n = int(WORD_S * TTS_RATE)
+        tone = (np.sin(2 * np.pi * 300 * np.arange(n) / TTS_RATE) * 8000).astype(np.int16)
+        self._queue.put_nowait(WordMark(word, self._offset))
+        self._queue.put_nowait(Audio(tone, TTS_RATE))
+        self._offset += n
+        self.spoken.append(word)
+
+    async def events(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            yield item
+
+
+class IdleStt:
+    """The loop's recognizer stream when the test feeds events itself."""
+
+    def push(self, pcm: np.ndarray) -> None: ...
+
+    async def events(self) -> AsyncIterator[Any]:
+        await asyncio.Event().wait()
+        yield  # pragma: no cover
+
+    def close(self) -> None: ...
+
+
+class Harness:
+    def __init__(self, responder: Responder, history: Optional[list[Turn]] = None) -> None:
+        self.sent: list[dict] = []
+        self.pacer = PacedAudioTrack()
+        self.tts_streams: list[ToneTts] = []
+        self.hung_up: list[str] = []
+        events = EventChannel(on_emit=lambda event, text: self.sent.append(event))
+        self.conversation = Conversation(IdleStt(), self._open_tts, responder, self.pacer, events,
+                                         history=history if history is not None else [],
+                                         hang_up=self._hang_up)
+        self._player = asyncio.ensure_future(self._play())
+
+    def _open_tts(self) -> ToneTts:
+        self.tts_streams.append(ToneTts())
+        return self.tts_streams[-1]
+
+    async def _hang_up(self, reason: str) -> None:
+        self.hung_up.append(reason)
+
+    async def _play(self) -> None:
+        while True:  # what aiortc's RTP sender does: pull a frame every 20 ms
+            await self.pacer.recv()
+
+    def say(self, text: str) -> None:
+        words, t = [], 0.2
+        for word in text.split():
+            words.append((word, t, t + 0.3))
+            t += 0.35
+        for event in (SpeechStart(0.1), Partial(text), Final(text, words), EndOfTurn(0.9)):
+            self.conversation.on_stt_event(event)
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.sent]
+
+    async def wait_for(self, type_: str, count: int = 1) -> dict:
+        deadline = time.monotonic() + DEADLINE_S
+        while len([e for e in self.sent if e["type"] == type_]) < count:
+            assert time.monotonic() < deadline, f"no {type_} within {DEADLINE_S} s; got {self.types()}"
+            await asyncio.sleep(0.01)
+        return [e for e in self.sent if e["type"] == type_][count - 1]
+
+    async def wait_played(self, seconds: float) -> None:
+        reply = self.conversation.reply
+        deadline = time.monotonic() + DEADLINE_S
+        while reply.start_sample is None or self.pacer.played_samples - reply.start_sample < seconds * 48000:
+            assert time.monotonic() < deadline, "the reply did not play"
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        self.conversation.close()
+        self._player.cancel()
+        self.pacer.stop()
+
+
+@pytest.fixture
+async def harness():
+    made: list[Harness] = []
+
+    def make(responder: Responder, **kwargs) -> Harness:
+        made.append(Harness(responder, **kwargs))
+        return made[-1]
+
+    yield make
+    for h in made:
+        await h.close()
+
+
+LONG = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+
+
+async def test_a_reply_streams_plays_out_and_enters_the_history(harness):
+    h = harness(EchoResponder())
+    h.say("hello there")
+    end = await h.wait_for("response.audio.end")
+    assert h.types().index("response.text.delta") < h.types().index("response.audio.start") < h.types().index(
+        "response.audio.end")
+    metrics = await h.wait_for("metrics.turn")
+    assert metrics["turn"] == end["turn"] == 1
+    assert metrics["end_of_turn_ms"] >= 0 and metrics["total_ms"] >= metrics["first_frame_ms"] >= 0
+    history = h.conversation.history
+    assert history[0] == Turn("user", "hello there")
+    assert history[1].role == "assistant" and history[1].heard_text == history[1].text == "You said: hello there"
+    assert h.tts_streams[0].spoken == ["You", "said:", "hello", "there"]
+    assert h.conversation.state == "listening"
+
+
+async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harness):
+    h = harness(EchoResponder())
+    h.say(LONG)
+    await h.wait_for("response.audio.start")
+    await h.wait_played(5 * WORD_S)
+    h.conversation.on_stt_event(SpeechStart(3.0))
+    assert h.pacer.queued_ms == 0, "the queued reply must be dropped at once (within one frame)"
+    h.conversation.on_stt_event(Partial("wait"))
+    interrupted = await h.wait_for("response.interrupted")
+    full = "You said: " + LONG
+    heard = interrupted["heard_text"]
+    assert full.startswith(heard) and 5 <= len(heard.split()) < len(full.split())
+    assert 5 * WORD_S * 1000 <= interrupted["played_ms"] < len(full.split()) * WORD_S * 1000
+    assert h.conversation.history[-1] == Turn("assistant", full, heard_text=heard)
+    await asyncio.sleep(0.2)
+    assert h.pacer.queued_ms == 0 and "response.audio.end" not in h.types(), "nothing more is played"
+    assert h.conversation.state == "user_speaking"
+
+
+async def test_a_cough_resumes_the_reply_from_the_first_unheard_word(harness):
+    h = harness(EchoResponder())
+    h.say(LONG)
+    await h.wait_for("response.audio.start")
+    await h.wait_played(4 * WORD_S)
+    h.conversation.on_stt_event(SpeechStart(3.0))  # ... and no words follow
+    resumed = await h.wait_for("response.resumed")
+    await h.wait_for("response.audio.end")
+    full = ("You said: " + LONG).split()
+    first, second = h.tts_streams
+    assert resumed["from_word"] >= 4
+    assert second.spoken == full[resumed["from_word"]:], "the rest is spoken once, from the first unheard word"
+    assert h.conversation.history[-1].heard_text == " ".join(full)
+    assert "response.interrupted" not in h.types()
+
+
+async def test_a_failing_responder_apologises_instead_of_going_silent(harness):
+    h = harness(OpenAIResponder(f"http://127.0.0.1:{free_port()}/v1", "model", "key", "", 2.0, 5.0, None))
+    h.say("what are your opening hours")
+    error = await h.wait_for("error")
+    assert error["code"].startswith("responder_")
+    await h.wait_for("response.audio.end")
+    assert "trouble" in h.conversation.history[-1].text
+    assert h.tts_streams[0].spoken
+
+
+async def test_actions_run_after_their_text_has_played(harness):
+    class Closing(Responder):
+        async def respond(self, history):
+            yield "Let me get someone for you."
+            yield Handoff("asked for a person")
+
+    h = harness(Closing())
+    h.say("can i talk to a person")
+    handoff = await h.wait_for("session.handoff")
+    assert handoff["reason"] == "asked for a person"
+    assert h.types().index("response.audio.end") < h.types().index("session.handoff")
+
+
+async def test_the_demo_flow_ends_the_call_after_saying_goodbye(harness):
+    from gateway.config import Config
+    from gateway.responders import make_responder
+
+    h = harness(make_responder(Config().validate()), history=[Turn("assistant", "hi", heard_text="hi")])
+    h.say("goodbye")
+    await h.wait_for("response.audio.end")
+    deadline = time.monotonic() + DEADLINE_S
+    while not h.hung_up:
+        assert time.monotonic() < deadline, "the call was not ended"
+        await asyncio.sleep(0.01)
+    assert h.hung_up == ["assistant_ended"]
+
+
+async def test_a_turn_without_words_starts_nothing(harness):
+    h = harness(EchoResponder())
+    h.conversation.on_stt_event(SpeechStart(0.1))
+    h.conversation.on_stt_event(EndOfTurn(0.8))
+    await asyncio.sleep(0.2)
+    assert "response.text.delta" not in h.types() and h.conversation.reply is None
+    assert h.types() == ["turn.end"]
