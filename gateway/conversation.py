@@ -17,6 +17,10 @@ sent and the history keeps only the words the caller heard (from the TTS word ma
 the pacer's played-sample count). A cough or "mm-hm" that yields no words resumes the
 reply from the first unheard word.
 
+Echo: callers without echo cancellation hear Parley in their microphone; the caller's audio
+goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
+so Parley does not take its own voice for a barge-in.
+
 Responder actions (Handoff, EndCall) are performed once the text before them has played:
 `session.handoff {reason}`, or the call ends with reason `assistant_ended`.
 
@@ -37,6 +41,7 @@ import numpy as np
 
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
 
+from .echo_suppressor import EchoSuppressor
 from .events import EventChannel
 from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
@@ -125,12 +130,19 @@ class Conversation:
         self._reply_task: Optional[asyncio.Task] = None
         self._tts: Any = None
         self._speech_end: Optional[float] = None
+        self.echo = EchoSuppressor()
+        pacer.on_sent = self._on_sent
 
     # -- Mode --------------------------------------------------------------------------------
 
     def on_audio(self, pcm: np.ndarray) -> None:
         self._pushed_samples += len(pcm)
-        self.stt.push(pcm)
+        self.stt.push(self.echo.process(pcm))
+
+    def _on_sent(self, pcm48k: np.ndarray) -> None:
+        """The pacer sent a frame: it is the echo reference (decimated to 16 kHz; the TTS
+        audio has little energy above 8 kHz, so averaging three samples is filter enough)."""
+        self.echo.add_reference(pcm48k.reshape(-1, PACER_RATE // STT_RATE).mean(axis=1).astype(np.int16))
 
     def describe(self) -> dict:
         return {"mode": "conversation"}

@@ -91,6 +91,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._lateness: Deque[float] = deque(maxlen=LATENESS_WINDOW)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         self.stats = PacerStats()
+        self.on_sent: Optional[Callable[[np.ndarray], None]] = None  # each 20 ms frame sent (echo reference)
 
     # -- producer side ------------------------------------------------------------------
 
@@ -139,6 +140,8 @@ class PacedAudioTrack(MediaStreamTrack):
             raise MediaStreamError
         await self._wait_for_slot()
         pcm = self._next_frame()
+        if self.on_sent is not None:
+            self.on_sent(pcm)
         packet = av.Packet(self._encoder.encode(pcm))
         packet.pts = self._pts
         packet.time_base = TIME_BASE

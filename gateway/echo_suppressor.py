@@ -1,0 +1,186 @@
+"""Echo suppression: keep Parley's own voice out of what the recognizer hears.
+
+Callers on speakerphones and many phones have no acoustic echo cancellation, so Parley's
+reply comes back in their microphone 60-500 ms later. Unchecked, the recognizer hears
+speech and Parley interrupts itself. Parley knows exactly what it sent (the far-end
+reference), so per 20 ms frame it:
+
+1. keeps the reference (outbound audio, decimated to 16 kHz) on the inbound frame timeline;
+2. estimates the echo delay by cross-correlating the last REFERENCE_WINDOW_S of inbound
+   audio with the reference (GCC-PHAT, re-estimated every DELAY_UPDATE_FRAMES while Parley
+   speaks);
+3. estimates the echo path's gain per frequency band while only Parley is talking (the
+   smallest recent inbound/reference magnitude ratio: the caller's own speech only ever adds
+   energy);
+4. subtracts the predicted echo spectrum from the inbound spectrum (Wiener-style gain with a
+   floor; 50 % overlap, sqrt-Hann windows), so echo is removed while a caller talking over
+   Parley (double talk) keeps most of their energy.
+
+This is residual-echo suppression, not a full linear canceller: it needs no convergence
+time, and its cost is two small FFTs per frame.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Optional
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+FRAME = 320  # 20 ms at 16 kHz: the playout clock's frame
+WINDOW = 2 * FRAME  # analysis window (50 % overlap)
+MAX_DELAY_S = 0.5  # longest echo path searched
+REFERENCE_WINDOW_S = 1.0  # audio correlated per delay estimate
+DELAY_UPDATE_FRAMES = 10  # re-estimate the delay every 200 ms while the reference is active
+MIN_CORRELATION = 0.12  # GCC-PHAT peak (normalised) needed to trust a delay estimate
+MIN_ACTIVE_FRACTION = 0.3  # share of the inbound window that must carry sound to estimate a delay
+DELAY_TOLERANCE = 32  # samples (2 ms): a new estimate within this keeps the echo-gain history
+ACTIVE_REFERENCE_RMS = 100.0  # int16 RMS above which Parley counts as speaking
+GAIN_MEMORY_FRAMES = 100  # 2 s of per-band echo-gain estimates kept (minimum statistics)
+OVER_SUBTRACTION = 2.0  # remove a bit more than the predicted echo: a safe margin
+GAIN_FLOOR = 0.05  # about -26 dB: never zero, to avoid musical noise
+N_BANDS = 32
+
+
+def _bands(n_bins: int) -> list[slice]:
+    edges = np.unique(np.round(np.geomspace(1, n_bins, N_BANDS + 1)).astype(int))
+    return [slice(int(a), int(b)) for a, b in zip(np.r_[0, edges[:-1]], edges)]
+
+
+class EchoSuppressor:
+    def __init__(self) -> None:
+        self._window = np.sqrt(np.hanning(WINDOW + 1)[:WINDOW])  # sqrt-Hann: analysis x synthesis = Hann
+        self._bands = _bands(WINDOW // 2 + 1)
+        history = int((MAX_DELAY_S + REFERENCE_WINDOW_S) * SAMPLE_RATE) + WINDOW
+        self._reference = np.zeros(history, dtype=np.float32)  # newest last, same timeline as _inbound
+        self._inbound = np.zeros(int(REFERENCE_WINDOW_S * SAMPLE_RATE) + WINDOW, dtype=np.float32)
+        self._pending_reference: Deque[np.ndarray] = deque()
+        self._band_gains: Deque[np.ndarray] = deque(maxlen=GAIN_MEMORY_FRAMES)
+        self._reference_bands: Deque[np.ndarray] = deque(maxlen=int(MAX_DELAY_S * SAMPLE_RATE) // FRAME + 2)
+        self._overlap = np.zeros(FRAME, dtype=np.float32)
+        self._frames_since_estimate = 0
+        self.delay: Optional[int] = None  # echo delay in samples, once estimated
+        self.suppressed_frames = 0
+
+    def add_reference(self, pcm16k: np.ndarray) -> None:
+        """Audio Parley sent (16 kHz int16), as the pacer sends it."""
+        self._pending_reference.append(pcm16k.astype(np.float32))
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        """One 20 ms inbound frame (16 kHz int16) -> the same frame with Parley's echo removed."""
+        self._advance_reference()
+        frame = pcm.astype(np.float32)
+        self._inbound = np.concatenate([self._inbound[FRAME:], frame])
+        if not self._reference_active():
+            return self._passthrough()
+        self._frames_since_estimate += 1
+        if self.delay is None or self._frames_since_estimate >= DELAY_UPDATE_FRAMES:
+            self._frames_since_estimate = 0
+            self._update_delay(self._estimate_delay())
+        if self.delay is None:
+            return self._suppress_any_delay()
+        return self._suppress()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _advance_reference(self) -> None:
+        """Move one frame of sent audio onto the inbound timeline (silence if none was sent)."""
+        need, parts = FRAME, []
+        while need and self._pending_reference:
+            head = self._pending_reference[0]
+            parts.append(head[:need])
+            need -= len(parts[-1])
+            if len(head) <= len(parts[-1]):
+                self._pending_reference.popleft()
+            else:
+                self._pending_reference[0] = head[len(parts[-1]):]
+        if need:
+            parts.append(np.zeros(need, dtype=np.float32))
+        self._reference = np.concatenate([self._reference[FRAME:], *parts])
+        spectrum = np.abs(np.fft.rfft(self._reference[-WINDOW:] * self._window))
+        self._reference_bands.append(self._band_levels(spectrum))
+
+    def _reference_active(self) -> bool:
+        """Parley spoke within the longest echo delay (so an echo may be arriving now)."""
+        recent = self._reference[-int(MAX_DELAY_S * SAMPLE_RATE) - FRAME:]
+        return float(np.sqrt(np.mean(recent ** 2))) > ACTIVE_REFERENCE_RMS / 4
+
+    def _update_delay(self, estimate: Optional[int]) -> None:
+        if estimate is None:
+            return
+        if self.delay is None or abs(estimate - self.delay) > DELAY_TOLERANCE:
+            self._band_gains.clear()  # gains measured at another alignment mean nothing now
+        self.delay = estimate
+
+    def _estimate_delay(self) -> Optional[int]:
+        """GCC-PHAT between the last second of inbound audio and the reference before it;
+        None unless both carry sound and the peak stands out."""
+        max_delay = int(MAX_DELAY_S * SAMPLE_RATE)
+        n = len(self._inbound) - WINDOW
+        y = self._inbound[-n:]
+        if np.mean(np.abs(y) > ACTIVE_REFERENCE_RMS / 4) < MIN_ACTIVE_FRACTION:
+            return None  # too little inbound sound yet (the echo has not arrived)
+        x = self._reference[-(n + max_delay):]  # starts max_delay earlier than y
+        size = 1 << int(np.ceil(np.log2(len(x) + n)))
+        cross = np.fft.rfft(x, size) * np.conj(np.fft.rfft(y, size))
+        correlation = np.fft.irfft(cross / (np.abs(cross) + 1e-9), size)
+        # c[k] = sum_m x[m + k] y[m]: an echo D samples late peaks at k = max_delay - D.
+        k = int(np.argmax(correlation[:max_delay + 1]))
+        if correlation[k] < MIN_CORRELATION:
+            return None
+        return max_delay - k
+
+    def _spectra(self) -> tuple[np.ndarray, np.ndarray]:
+        y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
+        end = len(self._reference) - self.delay
+        r = np.fft.rfft(self._reference[end - WINDOW:end] * self._window)
+        return y, r
+
+    def _suppress(self) -> np.ndarray:
+        y, r = self._spectra()
+        y_mag, r_mag = np.abs(y), np.abs(r)
+        band_y, band_r = self._band_levels(y_mag), self._band_levels(r_mag)
+        active = band_r > 1.0
+        if active.any():
+            ratio = np.where(active, band_y / np.maximum(band_r, 1e-6), np.inf)
+            self._band_gains.append(ratio)
+        if not self._band_gains:
+            return self._synthesize(y)
+        coupling = np.min(np.stack(self._band_gains), axis=0)  # the echo path: never more than observed
+        coupling[~np.isfinite(coupling)] = 0.0
+        gains = np.ones_like(y_mag)
+        for band, h in zip(self._bands, coupling):
+            echo = OVER_SUBTRACTION * h * r_mag[band]
+            gains[band] = np.clip(1.0 - (echo ** 2) / np.maximum(y_mag[band] ** 2, 1e-6), GAIN_FLOOR, 1.0)
+        if np.mean(gains) < 0.5:
+            self.suppressed_frames += 1
+        return self._synthesize(y * gains)
+
+    def _band_levels(self, magnitude: np.ndarray) -> np.ndarray:
+        return np.array([np.sqrt(np.mean(magnitude[b] ** 2)) for b in self._bands])
+
+    def _suppress_any_delay(self) -> np.ndarray:
+        """Before the delay is known (the first echo of a call): whatever is no louder than
+        something Parley said within MAX_DELAY_S, band by band, is taken for echo."""
+        y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
+        y_mag = np.abs(y)
+        loudest = np.max(np.stack(self._reference_bands), axis=0)
+        gains = np.ones_like(y_mag)
+        for band, level in zip(self._bands, loudest):
+            if np.sqrt(np.mean(y_mag[band] ** 2)) <= level:
+                gains[band] = GAIN_FLOOR
+        if np.mean(gains) < 0.5:
+            self.suppressed_frames += 1
+        return self._synthesize(y * gains)
+
+    def _passthrough(self) -> np.ndarray:
+        y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
+        return self._synthesize(y)
+
+    def _synthesize(self, spectrum: np.ndarray) -> np.ndarray:
+        """Overlap-add: the first half of this window completes the previous frame's second half."""
+        block = np.fft.irfft(spectrum, WINDOW) * self._window
+        out = self._overlap + block[:FRAME]
+        self._overlap = block[FRAME:]
+        return np.clip(out, -32768, 32767).astype(np.int16)
