@@ -35,7 +35,7 @@ def small_model(seed: int = 0) -> SttModel:
     torch.manual_seed(seed)
     model = SttModel(SttConfig(width=48, depth=2)).eval()
     with torch.no_grad():
-        model.eot_head.bias[END_OF_TURN] += 1.0  # a random model then ends turns now and then
+        model.eot_head.bias[END_OF_TURN] += 3.0  # a random model then ends turns now and then
     return model
 
 
