@@ -21,6 +21,12 @@ Echo: callers without echo cancellation hear Parley in their microphone; the cal
 goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
 so Parley does not take its own voice for a barge-in.
 
+Session state: the history (with heard text) and the reply in progress (`PendingTurn`:
+its text and the words played so far) are kept in the session record through `on_change`,
+so a caller who reconnects (to this node or another) finds the conversation where it was,
+and the unfinished reply either continues from the first unheard word (`continue`) or is
+recorded as cut short (`drop`).
+
 Responder actions (Handoff, EndCall) are performed once the text before them has played:
 `session.handoff {reason}`, or the call ends with reason `assistant_ended`.
 
@@ -46,13 +52,15 @@ from .events import EventChannel
 from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
 from .responders import Responder, ResponderError
-from .sessions import Turn
+from .sessions import PendingTurn, Turn
 
 log = logging.getLogger("parley.conversation")
 
 STT_RATE = 16000
 FALSE_INTERRUPTION_S = 0.6  # a barge-in that yields no words within this resumes the reply
 DRAIN_POLL_S = 0.02  # how often a finishing reply checks that the pacer has played it all
+PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to the session
+RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
 APOLOGY = "Sorry, I'm having trouble answering right now."
 
 
@@ -111,7 +119,8 @@ class Conversation:
     def __init__(self, stt: Any, open_tts: Callable[[], Any], responder: Responder, pacer: PacedAudioTrack,
                  events: EventChannel, history: Optional[list[Turn]] = None,
                  hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
-                 false_interruption_s: float = FALSE_INTERRUPTION_S) -> None:
+                 false_interruption_s: float = FALSE_INTERRUPTION_S, pending: Optional[PendingTurn] = None,
+                 resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None) -> None:
         self.stt = stt
         self.open_tts = open_tts
         self.responder = responder
@@ -120,6 +129,9 @@ class Conversation:
         self.events = events
         self.history: list[Turn] = history if history is not None else []
         self.false_interruption_s = false_interruption_s
+        self.in_progress = pending  # the reply being spoken, as the session records it
+        self.resume_unfinished = resume_unfinished
+        self.on_change = on_change or (lambda: None)
         self.state = "listening"
         self.reply: Optional[Reply] = None
         self.turns = 0
@@ -148,7 +160,9 @@ class Conversation:
         return {"mode": "conversation"}
 
     async def run(self) -> None:
-        if not self.history:  # a new session: the responder may speak first (a greeting)
+        if self.in_progress is not None:
+            self._continue_unfinished(self.in_progress)
+        elif not self.history:  # a new session: the responder may speak first (a greeting)
             self._start_reply(StageTimes(), greeting=True)
         async for event in self.stt.events():
             self.on_stt_event(event)
@@ -200,10 +214,36 @@ class Conversation:
         text = " ".join(self._user_text)
         self._user_text = []
         self.history.append(Turn("user", text))
+        self.on_change()
         self._start_reply(StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic()))
         self._speech_end = None
 
     # -- Parley's side --------------------------------------------------------------------------
+
+    def _continue_unfinished(self, pending: PendingTurn) -> None:
+        """A resumed session whose last reply was cut off by the drop."""
+        heard_words = len(pending.heard_text.split())
+        if self.resume_unfinished == "drop" or heard_words >= len(pending.text.split()):
+            self.history.append(Turn("assistant", pending.text, heard_text=pending.heard_text))
+            self._set_progress(None)
+            return
+        self.turns += 1
+        reply = self.reply = Reply(self.turns, text=pending.text, responder_done=True, skipped_words=heard_words)
+        self._set_state("responding")
+        self.events.emit("response.resumed", turn=reply.turn, from_word=heard_words)
+        self._tts = self._new_tts(reply)
+        self._tts.push_text(" ".join(pending.text.split()[heard_words:]))
+        self._tts.end()
+        self._reply_task = self._spawn(self._finish(reply))
+
+    def _set_progress(self, reply: Optional[Reply]) -> None:
+        """Record the reply in progress (or none) in the session."""
+        if reply is None:
+            self.in_progress = None
+        else:
+            heard, played_ms = reply.heard(self.pacer)
+            self.in_progress = PendingTurn(reply.text, played_ms, heard)
+        self.on_change()
 
     def _start_reply(self, times: StageTimes, greeting: bool = False) -> None:
         self._cancel_reply()
@@ -243,6 +283,7 @@ class Conversation:
         self.events.emit("response.text.delta", turn=reply.turn, delta=item)
         if self._tts is not None:
             self._tts.push_text(item)
+        self._set_progress(reply)
 
     def _new_tts(self, reply: Reply) -> Any:
         tts = self.open_tts()
@@ -283,13 +324,18 @@ class Conversation:
 
     async def _finish(self, reply: Reply) -> None:
         """Wait until the reply's audio has played out, then record it as heard in full."""
+        saved = time.monotonic()
         while not reply.tts_done or (reply.start_sample is not None
                                      and self.pacer.played_samples < reply.start_sample + reply.written):
             await asyncio.sleep(DRAIN_POLL_S)
+            if time.monotonic() - saved >= PROGRESS_EVERY_S and self._paused is None:
+                saved = time.monotonic()
+                self._set_progress(reply)
         self.events.emit("response.audio.end", turn=reply.turn)
         if reply.text:
             self.history.append(Turn("assistant", reply.text, heard_text=reply.text))
         self.reply = None
+        self._set_progress(None)
         self._set_state("listening")
         for action in reply.actions:
             await self._perform(action)
@@ -304,6 +350,8 @@ class Conversation:
 
     def _pause_reply(self) -> None:
         """The caller started speaking over the reply: silence now, decide within false_interruption_s."""
+        if self.reply is not None:
+            self._set_progress(self.reply)  # where the caller cut in
         self.pacer.flush()
         self._stop_tts()
         self._paused = asyncio.get_running_loop().call_later(self.false_interruption_s, self._resume_reply)
@@ -319,6 +367,7 @@ class Conversation:
         self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)
         self.history.append(Turn("assistant", reply.text, heard_text=heard))
         self.reply = None
+        self._set_progress(None)
         self._set_state("user_speaking")
 
     def _resume_reply(self) -> None:

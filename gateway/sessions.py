@@ -109,6 +109,7 @@ class PendingTurn:
 
     text: str
     played_ms: int = 0
+    heard_text: str = ""  # the words played so far: a resumed session continues after them
 
 
 @dataclass

@@ -86,7 +86,7 @@ class IdleStt:
 
 
 class Harness:
-    def __init__(self, responder: Responder, history: Optional[list[Turn]] = None) -> None:
+    def __init__(self, responder: Responder, history: Optional[list[Turn]] = None, **options) -> None:
         self.sent: list[dict] = []
         self.pacer = PacedAudioTrack()
         self.tts_streams: list[ToneTts] = []
@@ -94,12 +94,16 @@ class Harness:
         events = EventChannel(on_emit=lambda event, text: self.sent.append(event))
         self.conversation = Conversation(IdleStt(), self._open_tts, responder, self.pacer, events,
                                          history=history if history is not None else [],
-                                         hang_up=self._hang_up)
+                                         hang_up=self._hang_up, on_change=self._changed, **options)
+        self.changes = 0
         self._player = asyncio.ensure_future(self._play())
 
     def _open_tts(self) -> ToneTts:
         self.tts_streams.append(ToneTts())
         return self.tts_streams[-1]
+
+    def _changed(self) -> None:
+        self.changes += 1
 
     async def _hang_up(self, reason: str) -> None:
         self.hung_up.append(reason)
@@ -133,7 +137,12 @@ class Harness:
             assert time.monotonic() < deadline, "the reply did not play"
             await asyncio.sleep(0.005)
 
+    def start(self) -> None:
+        self._runner = asyncio.ensure_future(self.conversation.run())
+
     async def close(self) -> None:
+        if hasattr(self, "_runner"):
+            self._runner.cancel()
         self.conversation.close()
         self._player.cancel()
         self.pacer.stop()
@@ -250,3 +259,37 @@ async def test_a_turn_without_words_starts_nothing(harness):
     await asyncio.sleep(0.2)
     assert "response.text.delta" not in h.types() and h.conversation.reply is None
     assert h.types() == ["turn.end"]
+
+
+async def test_a_reconnected_caller_hears_the_rest_of_the_cut_off_reply(harness):
+    first = harness(EchoResponder())
+    first.say(LONG)
+    await first.wait_for("response.audio.start")
+    await first.wait_played(6 * WORD_S)
+    await asyncio.sleep(0.3)  # a progress save happens every 0.25 s while the reply plays
+    pending = first.conversation.in_progress
+    assert first.changes > 0 and pending is not None and pending.text == "You said: " + LONG
+    heard = len(pending.heard_text.split())
+    assert heard >= 6 and pending.played_ms >= 6 * WORD_S * 1000
+    await first.close()  # the connection drops mid-reply
+
+    second = harness(EchoResponder(), history=list(first.conversation.history), pending=pending)
+    second.start()
+    resumed = await second.wait_for("response.resumed")
+    assert resumed["from_word"] == heard
+    await second.wait_for("response.audio.end")
+    assert second.tts_streams[0].spoken == pending.text.split()[heard:]
+    assert second.conversation.history[-1] == Turn("assistant", pending.text, heard_text=pending.text)
+    assert second.conversation.in_progress is None
+
+
+async def test_resume_mode_drop_records_the_reply_as_cut_short(harness):
+    from gateway.sessions import PendingTurn
+
+    pending = PendingTurn("Your order ships on Monday morning.", 900, "Your order ships")
+    h = harness(EchoResponder(), history=[Turn("user", "where is my order")], pending=pending,
+                resume_unfinished="drop")
+    h.start()
+    await asyncio.sleep(0.2)
+    assert h.tts_streams == [] and "response.resumed" not in h.types()
+    assert h.conversation.history[-1] == Turn("assistant", pending.text, heard_text="Your order ships")
