@@ -634,14 +634,28 @@ class SpeechEngine:
     """
 
     def __init__(self, stt_model: Optional[SttModel] = None, *, weights_path: Optional[Path] = None,
-                 **runtime_options: Any) -> None:
+                 tts_model: Optional[nn.Module] = None, tts_weights_path: Optional[Path] = None,
+                 with_tts: bool = False, **runtime_options: Any) -> None:
+        """with_tts (or a tts_model) adds speech synthesis: the shipped TTS weights unless a
+        path or model is given (FileNotFoundError when there are none)."""
         model = stt_model if stt_model is not None else load_model(weights_path)
         self.runtime = Runtime(model, **runtime_options)
+        if tts_model is None and (with_tts or tts_weights_path is not None):
+            from .tts import load_model as load_tts
+
+            tts_model = load_tts(tts_weights_path)
+        self.tts_model = tts_model
         self._ready = False
 
     def start(self) -> None:
         """Warm up on the device and start the tick loop (blocks for the warm-up)."""
         self.runtime.warm_up()
+        if self.tts_model is not None:
+            from .tts import synthesize_offline
+
+            audio, _ = synthesize_offline(self.tts_model, "Hello, how can I help?")
+            if len(audio) == 0 or not np.all(np.isfinite(audio.astype(np.float32))):
+                raise RuntimeError("TTS warm-up produced no usable audio")
         self.runtime.start()
         self._ready = True
 
@@ -652,8 +666,14 @@ class SpeechEngine:
     def open_stt(self, session_id: str) -> RuntimeSttStream:
         return self.runtime.open_stt(session_id)
 
-    def open_tts(self, session_id: str, voice: str) -> TtsStream:
-        raise NotImplementedError("TTS model not shipped yet")
+    def open_tts(self, session_id: str, voice: str = "") -> TtsStream:
+        """A streaming synthesizer for one reply (per stream for now: TTS is not yet batched
+        into the tick; its work runs on the default executor, off the event loop)."""
+        if self.tts_model is None:
+            raise RuntimeError("this engine was built without text-to-speech")
+        from .tts import TtsStream as SynthesisStream
+
+        return SynthesisStream(self.tts_model)
 
     def admission(self) -> tuple[bool, float]:
         return self.runtime.admission()

@@ -30,6 +30,8 @@ from .ice import bind_media_ports, parse_port_range
 from .keeper import LiveSession, SessionBusy, SessionKeeper
 from .nodes import NodeRegistry, NodeStatus
 from .sessions import SessionNotFound, StoreUnavailable, open_store
+from .conversation import Conversation
+from .responders import make_responder
 from .transcribe import Transcribe
 from .loop_monitor import LoopLagMonitor, percentiles
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -191,17 +193,36 @@ class CallRegistry:
         if resumed:
             events.replay(self.keeper.replay_after(session_id, last_seq))
         return Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
-                    events=events, resumed=resumed, mode=self._mode(session_id))
+                    events=events, resumed=resumed, mode=self._mode(session))
 
-    def _mode(self, session_id: str) -> ModeFactory:
+    def _mode(self, session: LiveSession) -> ModeFactory:
+        if self.config.mode not in ENGINE_MODES:
+            return echo_test_mode(self.config)
+        session_id = session.record.session_id
+        try:
+            stream = self.engine.open_stt(session_id)
+        except Exception as exc:  # CapacityError, or the engine closing under us
+            raise ApiError(503, "engine_busy", f"the speech engine cannot take this call: {exc}",
+                           {"Retry-After": str(self.config.retry_after_s)}) from None
         if self.config.mode == "transcribe":
-            try:
-                stream = self.engine.open_stt(session_id)
-            except Exception as exc:  # CapacityError, or the engine closing under us
-                raise ApiError(503, "engine_busy", f"the speech engine cannot take this call: {exc}",
-                               {"Retry-After": str(self.config.retry_after_s)}) from None
-            return lambda pacer, events: Transcribe(stream, events)
-        return echo_test_mode(self.config)
+            return lambda pacer, events, hang_up: Transcribe(stream, events)
+        return lambda pacer, events, hang_up: self._conversation(session, stream, pacer, events, hang_up)
+
+    def _conversation(self, session: LiveSession, stt: Any, pacer: Any, events: EventChannel,
+                      hang_up: Any) -> Conversation:
+        """The conversation keeps its history in the session record, so a resume finds it."""
+        record = session.record
+        conversation: Optional[Conversation] = None
+
+        def saved() -> None:
+            record.in_progress = conversation.in_progress if conversation else record.in_progress
+            self.keeper.save(record.session_id)
+
+        conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),
+                                    make_responder(self.config, session_id=record.session_id), pacer, events,
+                                    history=record.history, pending=record.in_progress, hang_up=hang_up,
+                                    resume_unfinished=self.config.resume_unfinished, on_change=saved)
+        return conversation
 
     async def _forget(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)

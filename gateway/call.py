@@ -47,11 +47,12 @@ class Mode(Protocol):
     def close(self) -> None: ...
 
 
-ModeFactory = Callable[[PacedAudioTrack, EventChannel], Mode]
+HangUp = Callable[[str], Awaitable[None]]  # ends the call with a reason
+ModeFactory = Callable[[PacedAudioTrack, EventChannel, HangUp], Mode]
 
 
 def echo_test_mode(config: Config) -> ModeFactory:
-    return lambda pacer, events: EchoTest(pacer, config.echo_delay_ms)
+    return lambda pacer, events, hang_up: EchoTest(pacer, config.echo_delay_ms)
 
 
 class Call:
@@ -70,7 +71,7 @@ class Call:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers))
         self.events = events or EventChannel()
         self.pacer = PacedAudioTrack(bitrate=config.opus_bitrate)
-        self.mode = (mode or echo_test_mode(config))(self.pacer, self.events)
+        self.mode = (mode or echo_test_mode(config))(self.pacer, self.events, self.close)
         self.playout = Playout(self.mode.on_audio)
         self._on_closed = on_closed
         self._loop_lag = loop_lag

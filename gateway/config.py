@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-MODES = ("echo-test", "transcribe")
-ENGINE_MODES = ("transcribe",)  # modes that need the speech engine
+MODES = ("echo-test", "transcribe", "conversation")
+ENGINE_MODES = ("transcribe", "conversation")  # modes that need the speech engine
+RESUME_UNFINISHED = ("continue", "drop")
 ENGINE_DEVICES = ("auto", "cpu", "cuda")
 NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,7 +35,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     max_sessions: int = 32
-    mode: str = "echo-test"  # echo-test (diagnostic) | transcribe (live transcript events)
+    mode: str = "echo-test"  # echo-test (diagnostic) | transcribe (live transcript) | conversation (an agent)
     log_level: str = "info"
     echo_delay_ms: int = 400  # echo-test: how long after speaking the caller hears themself
     opus_bitrate: int = 32000  # outbound Opus, mono, with in-band FEC
@@ -52,6 +53,8 @@ class Config:
     engine_max_streams: int = 64  # engine state slots (one per call); calls beyond get 503
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
+    tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
+    resume_unfinished: str = "continue"  # a resumed session's cut-off reply: continue from the first unheard word, or drop
     redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
     node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
     public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs
@@ -95,8 +98,12 @@ class Config:
                               "(or cuda:N)")
         if self.engine_max_streams < 1 or self.engine_threads < 0:
             raise ConfigError("engine_max_streams must be at least 1 and engine_threads not negative")
-        if self.stt_weights and not Path(self.stt_weights).is_file():
-            raise ConfigError(f"stt_weights: {self.stt_weights!r} is not a file")
+        for name in ("stt_weights", "tts_weights"):
+            if getattr(self, name) and not Path(getattr(self, name)).is_file():
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not a file")
+        if self.resume_unfinished not in RESUME_UNFINISHED:
+            raise ConfigError(f"resume_unfinished: {self.resume_unfinished!r} is not one of "
+                              f"{', '.join(RESUME_UNFINISHED)}")
         if self.media_ports:
             from .ice import parse_port_range
 

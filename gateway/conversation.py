@@ -331,7 +331,8 @@ class Conversation:
             if time.monotonic() - saved >= PROGRESS_EVERY_S and self._paused is None:
                 saved = time.monotonic()
                 self._set_progress(reply)
-        self.events.emit("response.audio.end", turn=reply.turn)
+        if reply.times.first_audio is not None:  # (an empty greeting plays nothing)
+            self.events.emit("response.audio.end", turn=reply.turn)
         if reply.text:
             self.history.append(Turn("assistant", reply.text, heard_text=reply.text))
         self.reply = None

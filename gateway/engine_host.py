@@ -37,7 +37,9 @@ class EngineHost:
 
     def _build(self) -> Any:
         weights = Path(self.config.stt_weights) if self.config.stt_weights else None
-        return engine.SpeechEngine(weights_path=weights, max_streams=self.config.engine_max_streams,
+        tts_weights = Path(self.config.tts_weights) if self.config.tts_weights else None
+        return engine.SpeechEngine(weights_path=weights, with_tts=self.config.mode == "conversation",
+                                   tts_weights_path=tts_weights, max_streams=self.config.engine_max_streams,
                                    device=self.config.engine_device, num_threads=self.config.engine_threads or None)
 
     @property
@@ -52,6 +54,9 @@ class EngineHost:
 
     def open_stt(self, session_id: str) -> Any:
         return self.engine.open_stt(session_id)
+
+    def open_tts(self, session_id: str) -> Any:
+        return self.engine.open_tts(session_id)
 
     async def close(self) -> None:
         if self.engine is not None:

@@ -279,7 +279,7 @@ async def test_engine_thread_delivers_events_and_stops_cleanly():
     assert not engine.ready and not thread.is_alive()
     assert [e async for e in stream.events()] == []  # ended by close
     assert engine.runtime.stt.free_slots() == 4
-    with pytest.raises(NotImplementedError, match="TTS"):
+    with pytest.raises(RuntimeError, match="without text-to-speech"):
         engine.open_tts("caller", "default")
 
 
