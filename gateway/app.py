@@ -189,11 +189,15 @@ class CallRegistry:
         session_id = session.record.session_id
         # The client may have seen events the store had not yet written when a node died.
         events = EventChannel(last_seq=max(session.record.last_event_seq, last_seq),
-                              on_emit=lambda event, text: self.keeper.record_event(session_id, event, text))
+                              on_emit=lambda event, text: self._on_event(session_id, event, text))
         if resumed:
             events.replay(self.keeper.replay_after(session_id, last_seq))
         return Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
                     events=events, resumed=resumed, mode=self._mode(session))
+
+    def _on_event(self, session_id: str, event: dict, text: str) -> None:
+        self.keeper.record_event(session_id, event, text)
+        self.metrics.observe_event(event)
 
     def _mode(self, session: LiveSession) -> ModeFactory:
         if self.config.mode not in ENGINE_MODES:

@@ -22,6 +22,8 @@ SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken pe
 JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
 LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
+TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -48,12 +50,26 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
+        self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
+                                    "end_of_turn, responder_first_token, tts_first_audio, first_frame, total",
+                                    ["stage"], buckets=TURN_BUCKETS_S, registry=r)
+        self.interruptions = Counter("parley_barge_ins", "Replies the caller interrupted", registry=r)
         self._seen_concealed: dict[str, int] = {}
         self._seen_frames: dict[str, int] = {}
 
     def exposition(self) -> bytes:
         """The Prometheus text format of everything in this registry."""
         return generate_latest(self.registry)
+
+    def observe_event(self, event: dict) -> None:
+        """Conversation events that feed metrics (called for every event a call sends)."""
+        if event["type"] == "metrics.turn":
+            for stage in TURN_STAGES:
+                value = event.get(f"{stage}_ms")
+                if value is not None:
+                    self.turn_stage.labels(stage=stage).observe(value / 1000.0)
+        elif event["type"] == "response.interrupted":
+            self.interruptions.inc()
 
     def call_ended(self, call: "Call") -> None:
         """Count a closed call by outcome and take its last media sample."""
