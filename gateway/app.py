@@ -225,7 +225,9 @@ class CallRegistry:
         conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),
                                     make_responder(self.config, session_id=record.session_id), pacer, events,
                                     history=record.history, pending=record.in_progress, hang_up=hang_up,
-                                    resume_unfinished=self.config.resume_unfinished, on_change=saved)
+                                    resume_unfinished=self.config.resume_unfinished, on_change=saved,
+                                    idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
+                                    max_turn_s=self.config.max_turn_s)
         return conversation
 
     async def _forget(self, call: Call) -> None:

@@ -55,6 +55,9 @@ class Config:
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
     resume_unfinished: str = "continue"  # a resumed session's cut-off reply: continue from the first unheard word, or drop
+    idle_prompt_s: float = 15.0  # conversation: a caller silent this long is asked if they are still there
+    idle_hangup_s: float = 15.0  # ... and after this much more silence the call ends (reason idle)
+    max_turn_s: float = 30.0  # conversation: a caller talking this long without a pause gets an answer anyway
     redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
     node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
     public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs
@@ -101,6 +104,8 @@ class Config:
         for name in ("stt_weights", "tts_weights"):
             if getattr(self, name) and not Path(getattr(self, name)).is_file():
                 raise ConfigError(f"{name}: {getattr(self, name)!r} is not a file")
+        if min(self.idle_prompt_s, self.idle_hangup_s, self.max_turn_s) <= 0:
+            raise ConfigError("idle_prompt_s, idle_hangup_s and max_turn_s must be positive")
         if self.resume_unfinished not in RESUME_UNFINISHED:
             raise ConfigError(f"resume_unfinished: {self.resume_unfinished!r} is not one of "
                               f"{', '.join(RESUME_UNFINISHED)}")

@@ -27,6 +27,11 @@ so a caller who reconnects (to this node or another) finds the conversation wher
 and the unfinished reply either continues from the first unheard word (`continue`) or is
 recorded as cut short (`drop`).
 
+Silence and monologues: a caller who says nothing for `idle_prompt_s` is asked whether
+they are still there, and after `idle_hangup_s` more the call ends (reason `idle`); a turn
+longer than `max_turn_s` is ended by the loop (the recognizer is flushed), so a caller who
+never pauses still gets an answer.
+
 Responder actions (Handoff, EndCall) are performed once the text before them has played:
 `session.handoff {reason}`, or the call ends with reason `assistant_ended`.
 
@@ -61,6 +66,9 @@ FALSE_INTERRUPTION_S = 0.6  # a barge-in that yields no words within this resume
 DRAIN_POLL_S = 0.02  # how often a finishing reply checks that the pacer has played it all
 PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to the session
 RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
+WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits are checked
+IDLE_PROMPT = "Are you still there?"
+IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
 
 
@@ -120,7 +128,8 @@ class Conversation:
                  events: EventChannel, history: Optional[list[Turn]] = None,
                  hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
                  false_interruption_s: float = FALSE_INTERRUPTION_S, pending: Optional[PendingTurn] = None,
-                 resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None) -> None:
+                 resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
+                 idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0) -> None:
         self.stt = stt
         self.open_tts = open_tts
         self.responder = responder
@@ -144,6 +153,11 @@ class Conversation:
         self._speech_end: Optional[float] = None
         self.echo = EchoSuppressor()
         pacer.on_sent = self._on_sent
+        self.idle_prompt_s, self.idle_hangup_s, self.max_turn_s = idle_prompt_s, idle_hangup_s, max_turn_s
+        self._last_activity = time.monotonic()
+        self._idle_prompted = False
+        self._turn_started: Optional[float] = None
+        self._forcing_turn_end = False
 
     # -- Mode --------------------------------------------------------------------------------
 
@@ -164,6 +178,7 @@ class Conversation:
             self._continue_unfinished(self.in_progress)
         elif not self.history:  # a new session: the responder may speak first (a greeting)
             self._start_reply(StageTimes(), greeting=True)
+        self._spawn(self._watch_limits())
         async for event in self.stt.events():
             self.on_stt_event(event)
 
@@ -178,6 +193,7 @@ class Conversation:
 
     def on_stt_event(self, event: Any) -> None:
         """One recognizer event (SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
+        self._heard_caller(event)
         if isinstance(event, SpeechStart):
             self._on_speech_start()
         elif isinstance(event, Partial):
@@ -189,11 +205,17 @@ class Conversation:
         elif isinstance(event, EndOfTurn):
             self._on_end_of_turn(event)
 
+    def _heard_caller(self, event: Any) -> None:
+        if isinstance(event, SpeechStart) or (isinstance(event, (Partial, Final)) and event.text.strip()):
+            self._last_activity = time.monotonic()
+            self._idle_prompted = False
+
     def _on_speech_start(self) -> None:
         if self.state in ("responding", "speaking") and self._paused is None:
             self._pause_reply()
         elif self.state == "listening":
             self._set_state("user_speaking")
+            self._turn_started = time.monotonic()
 
     def _on_final(self, event: Final) -> None:
         words = [{"word": w, "start": round(t0, 3), "end": round(t1, 3)} for w, t0, t1 in event.words]
@@ -206,9 +228,13 @@ class Conversation:
         if event.words:  # when, on the wall clock, the last word ended
             lag_s = self._pushed_samples / STT_RATE - event.words[-1][2]
             self._speech_end = time.monotonic() - max(0.0, lag_s)
+        if self._forcing_turn_end:
+            self._on_end_of_turn(EndOfTurn(confidence=0.0), forced=True)
 
-    def _on_end_of_turn(self, event: EndOfTurn) -> None:
-        self.events.emit("turn.end", confidence=round(event.confidence, 3))
+    def _on_end_of_turn(self, event: EndOfTurn, forced: bool = False) -> None:
+        self._forcing_turn_end = False
+        self._turn_started = None
+        self.events.emit("turn.end", confidence=round(event.confidence, 3), **({"forced": True} if forced else {}))
         if not self._user_text:
             return  # a turn with no words (noise) starts nothing
         text = " ".join(self._user_text)
@@ -217,6 +243,45 @@ class Conversation:
         self.on_change()
         self._start_reply(StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic()))
         self._speech_end = None
+
+    # -- limits: silence and monologues ------------------------------------------------------
+
+    async def _watch_limits(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            if (self.state == "user_speaking" and self._turn_started is not None and not self._forcing_turn_end
+                    and now - self._turn_started > self.max_turn_s):
+                self._force_turn_end()
+            if self.state == "listening" and self.reply is None:
+                limit = self.idle_hangup_s if self._idle_prompted else self.idle_prompt_s
+                if now - self._last_activity > limit:
+                    self._on_idle()
+
+    def _force_turn_end(self) -> None:
+        """The caller has talked for max_turn_s without a pause: answer what was heard."""
+        self._forcing_turn_end = True
+        flush = getattr(self.stt, "flush", None)
+        if flush is not None:
+            flush()  # its Final ends the turn (_on_final)
+        else:
+            self._on_end_of_turn(EndOfTurn(confidence=0.0), forced=True)
+
+    def _on_idle(self) -> None:
+        if not self._idle_prompted:
+            self._idle_prompted = True
+            self._say(IDLE_PROMPT)
+        else:
+            self._say(IDLE_GOODBYE, hang_up="idle")
+
+    def _say(self, text: str, hang_up: Optional[str] = None) -> None:
+        """A reply of Parley's own (not the responder's)."""
+        async def deltas() -> AsyncIterator[Any]:
+            yield text
+            if hang_up:
+                yield _HangUp(hang_up)
+
+        self._start_reply(StageTimes(), deltas=deltas())
 
     # -- Parley's side --------------------------------------------------------------------------
 
@@ -245,17 +310,18 @@ class Conversation:
             self.in_progress = PendingTurn(reply.text, played_ms, heard)
         self.on_change()
 
-    def _start_reply(self, times: StageTimes, greeting: bool = False) -> None:
+    def _start_reply(self, times: StageTimes, greeting: bool = False, deltas: Optional[AsyncIterator[Any]] = None) -> None:
         self._cancel_reply()
         self.turns += 1
         self.reply = Reply(self.turns, times=times)
         self._set_state("responding")
-        self._reply_task = self._spawn(self._produce(self.reply, greeting))
+        if deltas is None:
+            deltas = self.responder.start() if greeting else self.responder.respond(list(self.history))
+        self._reply_task = self._spawn(self._produce(self.reply, deltas))
 
-    async def _produce(self, reply: Reply, greeting: bool) -> None:
+    async def _produce(self, reply: Reply, deltas: AsyncIterator[Any]) -> None:
         """Responder deltas -> events and TTS; then wait for the audio to play out."""
         self._tts = self._new_tts(reply)
-        deltas = self.responder.start() if greeting else self.responder.respond(list(self.history))
         try:
             async with contextlib.aclosing(deltas):
                 async for item in deltas:
@@ -338,6 +404,7 @@ class Conversation:
         self.reply = None
         self._set_progress(None)
         self._set_state("listening")
+        self._last_activity = time.monotonic()  # the caller's silence counts from the end of the reply
         for action in reply.actions:
             await self._perform(action)
 
@@ -345,7 +412,8 @@ class Conversation:
         if action.kind == "handoff":
             self.events.emit("session.handoff", reason=action.reason)
         elif action.kind == "end_call" and self.hang_up is not None:
-            self._spawn_detached(self.hang_up("assistant_ended"))
+            reason = action.reason if isinstance(action, _HangUp) else "assistant_ended"
+            self._spawn_detached(self.hang_up(reason))
 
     # -- barge-in ------------------------------------------------------------------------------
 
@@ -421,4 +489,12 @@ class Conversation:
 
 
 _DETACHED: set[asyncio.Task] = set()  # strong references, so detached tasks are not collected
+
+
+@dataclass(frozen=True)
+class _HangUp:
+    """Parley's own end of the call (e.g. `idle`), performed after its text has played."""
+
+    reason: str
+    kind = "end_call"
 

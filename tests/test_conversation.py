@@ -76,7 +76,12 @@ class ToneTts:
 class IdleStt:
     """The loop's recognizer stream when the test feeds events itself."""
 
+    flushed = 0
+
     def push(self, pcm: np.ndarray) -> None: ...
+
+    def flush(self) -> None:
+        self.flushed += 1
 
     async def events(self) -> AsyncIterator[Any]:
         await asyncio.Event().wait()
@@ -293,3 +298,35 @@ async def test_resume_mode_drop_records_the_reply_as_cut_short(harness):
     await asyncio.sleep(0.2)
     assert h.tts_streams == [] and "response.resumed" not in h.types()
     assert h.conversation.history[-1] == Turn("assistant", pending.text, heard_text="Your order ships")
+
+
+async def test_a_silent_caller_is_asked_then_the_call_ends(harness):
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], idle_prompt_s=0.3, idle_hangup_s=0.3)
+    h.start()
+    prompt = await h.wait_for("response.text.delta")
+    assert "still there" in prompt["delta"]
+    goodbye = await h.wait_for("response.text.delta", count=2)
+    assert "Goodbye" in goodbye["delta"]
+    deadline = time.monotonic() + DEADLINE_S
+    while not h.hung_up:
+        assert time.monotonic() < deadline, "the idle call was not ended"
+        await asyncio.sleep(0.01)
+    assert h.hung_up == ["idle"]
+    assert h.types().count("response.audio.end") == 2, "both were spoken in full first"
+
+
+async def test_a_caller_who_never_pauses_is_answered_at_the_turn_limit(harness):
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], max_turn_s=0.3, idle_prompt_s=60)
+    h.start()
+    h.conversation.on_stt_event(SpeechStart(0.1))
+    h.conversation.on_stt_event(Partial("and another thing"))
+    deadline = time.monotonic() + DEADLINE_S
+    while not h.conversation.stt.flushed:
+        assert time.monotonic() < deadline, "the long turn was not cut"
+        await asyncio.sleep(0.01)
+    h.conversation.on_stt_event(Final("and another thing", [("and", 0.2, 0.4), ("another", 0.5, 0.9),
+                                                          ("thing", 1.0, 1.3)]))  # what flush() gives
+    turn_end = await h.wait_for("turn.end")
+    assert turn_end["forced"] is True
+    delta = await h.wait_for("response.text.delta")
+    assert delta["delta"] == "You said: and another thing"
