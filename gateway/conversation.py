@@ -9,6 +9,11 @@ streams end to end: responder text deltas go to the TTS stream as they arrive, a
 audio goes to the pacer as it is made, so Parley starts speaking on the reply's first
 phrase, not its last.
 
+Pipelining: once the caller's partial transcript has been stable for `speculate_after_s`,
+the responder starts on it, its text held back. If the turn then ends with those same
+words, the held text is spoken at once (the responder's latency is hidden behind the
+end-of-turn decision); if the caller says more, the attempt is cancelled unheard.
+
 Barge-in: when the caller starts speaking over a reply (engine speech detection, not raw
 energy), the pacer is flushed (audio stops within one 20 ms frame) and the TTS stream is
 cancelled. If the caller's speech yields words within `false_interruption_s`, the barge-in
@@ -66,7 +71,8 @@ FALSE_INTERRUPTION_S = 0.6  # a barge-in that yields no words within this resume
 DRAIN_POLL_S = 0.02  # how often a finishing reply checks that the pacer has played it all
 PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to the session
 RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
-WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits are checked
+WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits (and speculation) are checked
+SPECULATE_AFTER_S = 0.3  # a partial unchanged this long starts the responder early
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
@@ -91,6 +97,51 @@ class StageTimes:
                 "tts_first_audio_ms": span(self.first_token, self.first_audio),
                 "first_frame_ms": span(self.first_audio, self.first_frame),
                 "total_ms": span(self.speech_end or self.end_of_turn, self.first_frame)}
+
+
+class Speculation:
+    """A responder run started on a stable partial transcript; its deltas are held back."""
+
+    def __init__(self, text: str, deltas: AsyncIterator[Any]) -> None:
+        self.text = text
+        self.items: list[Any] = []
+        self.done = False
+        self.error: Optional[BaseException] = None
+        self._changed = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._collect(deltas))
+
+    async def _collect(self, deltas: AsyncIterator[Any]) -> None:
+        try:
+            async with contextlib.aclosing(deltas):
+                async for item in deltas:
+                    self.items.append(item)
+                    self._changed.set()
+        except Exception as exc:  # replayed to the reply, which apologises
+            self.error = exc
+        finally:
+            self.done = True
+            self._changed.set()
+
+    async def replay(self) -> AsyncIterator[Any]:
+        """What was held back, then the rest as it comes."""
+        sent = 0
+        while True:
+            while sent < len(self.items):
+                sent += 1
+                yield self.items[sent - 1]
+            if self.done:
+                if self.error is not None:
+                    raise self.error
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
+def same_words(a: str, b: str) -> bool:
+    return a.lower().split() == b.lower().split()
 
 
 @dataclass
@@ -129,7 +180,8 @@ class Conversation:
                  hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
                  false_interruption_s: float = FALSE_INTERRUPTION_S, pending: Optional[PendingTurn] = None,
                  resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
-                 idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0) -> None:
+                 idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
+                 speculate_after_s: Optional[float] = SPECULATE_AFTER_S) -> None:
         self.stt = stt
         self.open_tts = open_tts
         self.responder = responder
@@ -158,6 +210,9 @@ class Conversation:
         self._idle_prompted = False
         self._turn_started: Optional[float] = None
         self._forcing_turn_end = False
+        self.speculate_after_s = speculate_after_s
+        self._partial: tuple[str, float] = ("", 0.0)  # the latest partial text and when it changed
+        self._speculation: Optional[Speculation] = None
 
     # -- Mode --------------------------------------------------------------------------------
 
@@ -184,6 +239,8 @@ class Conversation:
 
     def close(self) -> None:
         self._cancel_reply()
+        if self._speculation is not None:
+            self._speculation.cancel()
         for task in list(self._tasks):
             task.cancel()
         self.stt.close()
@@ -200,6 +257,7 @@ class Conversation:
             self.events.emit("transcript.partial", text=event.text)
             if event.text.strip() and self._paused is not None:
                 self._confirm_barge_in()
+            self._on_partial(event.text)
         elif isinstance(event, Final):
             self._on_final(event)
         elif isinstance(event, EndOfTurn):
@@ -235,14 +293,42 @@ class Conversation:
         self._forcing_turn_end = False
         self._turn_started = None
         self.events.emit("turn.end", confidence=round(event.confidence, 3), **({"forced": True} if forced else {}))
+        speculation, self._speculation = self._speculation, None
+        self._partial = ("", 0.0)
         if not self._user_text:
+            if speculation is not None:
+                speculation.cancel()
             return  # a turn with no words (noise) starts nothing
         text = " ".join(self._user_text)
         self._user_text = []
         self.history.append(Turn("user", text))
         self.on_change()
-        self._start_reply(StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic()))
+        times = StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic())
         self._speech_end = None
+        if speculation is not None and same_words(speculation.text, text):
+            self._start_reply(times, deltas=speculation.replay())
+        else:
+            if speculation is not None:
+                speculation.cancel()  # the caller said more than the attempt was made on
+            self._start_reply(times)
+
+    # -- pipelining -----------------------------------------------------------------------------
+
+    def _on_partial(self, text: str) -> None:
+        if not text.strip() or text == self._partial[0]:
+            return
+        self._partial = (text, time.monotonic())
+        if self._speculation is not None and not same_words(self._speculation.text, text):
+            self._speculation.cancel()
+            self._speculation = None
+
+    def _maybe_speculate(self, now: float) -> None:
+        text, since = self._partial
+        if (self.speculate_after_s is None or self._speculation is not None or not text.strip()
+                or self.state != "user_speaking" or now - since < self.speculate_after_s):
+            return
+        heard = " ".join([*self._user_text, text])
+        self._speculation = Speculation(heard, self.responder.respond([*self.history, Turn("user", heard)]))
 
     # -- limits: silence and monologues ------------------------------------------------------
 
@@ -253,6 +339,7 @@ class Conversation:
             if (self.state == "user_speaking" and self._turn_started is not None and not self._forcing_turn_end
                     and now - self._turn_started > self.max_turn_s):
                 self._force_turn_end()
+            self._maybe_speculate(now)
             if self.state == "listening" and self.reply is None:
                 limit = self.idle_hangup_s if self._idle_prompted else self.idle_prompt_s
                 if now - self._last_activity > limit:

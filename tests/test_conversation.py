@@ -330,3 +330,63 @@ async def test_a_caller_who_never_pauses_is_answered_at_the_turn_limit(harness):
     assert turn_end["forced"] is True
     delta = await h.wait_for("response.text.delta")
     assert delta["delta"] == "You said: and another thing"
+
+
+class SlowResponder(Responder):
+    """An LLM-like responder: its first words take THINK_S; records what it was asked and
+    which attempts were abandoned."""
+
+    THINK_S = 0.5
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.abandoned: list[str] = []
+
+    async def respond(self, history):
+        question = history[-1].text
+        self.asked.append(question)
+        try:
+            await asyncio.sleep(self.THINK_S)
+            yield f"Answer to: {question}"
+        except (asyncio.CancelledError, GeneratorExit):
+            self.abandoned.append(question)
+            raise
+
+
+async def test_a_stable_partial_starts_the_responder_before_the_turn_ends(harness):
+    responder = SlowResponder()
+    h = harness(responder, history=[Turn("user", "hi")], idle_prompt_s=60)
+    h.start()
+    h.conversation.on_stt_event(SpeechStart(0.1))
+    h.conversation.on_stt_event(Partial("what time is it"))
+    await asyncio.sleep(SlowResponder.THINK_S + 0.5)  # the partial stays stable meanwhile
+    assert responder.asked == ["what time is it"], "the responder started on the stable partial"
+    assert "response.text.delta" not in h.types(), "its text is held back until the turn ends"
+    h.conversation.on_stt_event(Final("what time is it", [("what", 0.2, 0.4), ("time", 0.5, 0.7),
+                                                        ("is", 0.8, 0.9), ("it", 1.0, 1.1)]))
+    h.conversation.on_stt_event(EndOfTurn(0.95))
+    delta = await h.wait_for("response.text.delta")
+    assert delta["delta"] == "Answer to: what time is it"
+    metrics = await h.wait_for("metrics.turn")
+    assert metrics["responder_first_token_ms"] < SlowResponder.THINK_S * 1000, "its latency was hidden"
+    assert responder.asked == ["what time is it"], "asked once"
+
+
+async def test_when_the_caller_says_more_the_early_attempt_is_dropped_unheard(harness):
+    responder = SlowResponder()
+    h = harness(responder, history=[Turn("user", "hi")], idle_prompt_s=60)
+    h.start()
+    h.conversation.on_stt_event(SpeechStart(0.1))
+    h.conversation.on_stt_event(Partial("what time"))
+    deadline = time.monotonic() + DEADLINE_S
+    while not responder.asked:
+        assert time.monotonic() < deadline, "no early attempt"
+        await asyncio.sleep(0.01)
+    h.conversation.on_stt_event(Partial("what time do you close"))
+    h.conversation.on_stt_event(Final("what time do you close", [("what", 0.2, 0.4), ("close", 1.4, 1.7)]))
+    h.conversation.on_stt_event(EndOfTurn(0.95))
+    await h.wait_for("response.audio.end")
+    deltas = [e["delta"] for e in h.sent if e["type"] == "response.text.delta"]
+    assert deltas == ["Answer to: what time do you close"], "nothing from the early attempt is shown or spoken"
+    assert responder.abandoned == ["what time"]
+    assert h.tts_streams[-1].spoken == "Answer to: what time do you close".split()
