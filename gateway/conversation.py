@@ -14,13 +14,12 @@ the responder starts on it, its text held back. If the turn then ends with those
 words, the held text is spoken at once (the responder's latency is hidden behind the
 end-of-turn decision); if the caller says more, the attempt is cancelled unheard.
 
-Barge-in: when the caller starts speaking over a reply (engine speech detection, not raw
-energy), the pacer is flushed (audio stops within one 20 ms frame) and the TTS stream is
-cancelled. If the caller's speech yields words within `false_interruption_s`, the barge-in
-stands: the responder is cancelled too, `response.interrupted {heard_text, played_ms}` is
-sent and the history keeps only the words the caller heard (from the TTS word marks and
-the pacer's played-sample count). A cough or "mm-hm" that yields no words resumes the
-reply from the first unheard word.
+Barge-in: when the caller speaks over a reply and the recognizer hears a word (letters
+with a vowel: "no", "wait" — not the "s" or "o" it can make of a cough, a breath or residual
+echo), the pacer is flushed (audio stops within one 20 ms frame), the TTS stream and the
+responder are cancelled, `response.interrupted {heard_text, played_ms}` is sent and the
+history keeps only the words the caller heard (from the TTS word marks and the pacer's
+played-sample count). A cough or an "mm-hm" yields no word, so it never stops the reply.
 
 Echo: callers without echo cancellation hear Parley in their microphone; the caller's audio
 goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
@@ -49,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
@@ -67,7 +67,7 @@ from .sessions import PendingTurn, Turn
 log = logging.getLogger("parley.conversation")
 
 STT_RATE = 16000
-FALSE_INTERRUPTION_S = 0.6  # a barge-in that yields no words within this resumes the reply
+WORD = re.compile(r"[a-z']*[aeiouy][a-z']*")  # a recognized token that can be a word (has a vowel)
 DRAIN_POLL_S = 0.02  # how often a finishing reply checks that the pacer has played it all
 PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to the session
 RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
@@ -140,6 +140,10 @@ class Speculation:
         self.task.cancel()
 
 
+def has_word(text: str) -> bool:
+    return any(len(token) >= 2 and WORD.fullmatch(token) for token in text.lower().split())
+
+
 def same_words(a: str, b: str) -> bool:
     return a.lower().split() == b.lower().split()
 
@@ -178,7 +182,7 @@ class Conversation:
     def __init__(self, stt: Any, open_tts: Callable[[], Any], responder: Responder, pacer: PacedAudioTrack,
                  events: EventChannel, history: Optional[list[Turn]] = None,
                  hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
-                 false_interruption_s: float = FALSE_INTERRUPTION_S, pending: Optional[PendingTurn] = None,
+                 pending: Optional[PendingTurn] = None,
                  resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
                  speculate_after_s: Optional[float] = SPECULATE_AFTER_S) -> None:
@@ -189,7 +193,6 @@ class Conversation:
         self.pacer = pacer
         self.events = events
         self.history: list[Turn] = history if history is not None else []
-        self.false_interruption_s = false_interruption_s
         self.in_progress = pending  # the reply being spoken, as the session records it
         self.resume_unfinished = resume_unfinished
         self.on_change = on_change or (lambda: None)
@@ -198,7 +201,6 @@ class Conversation:
         self.turns = 0
         self._pushed_samples = 0  # caller audio given to the recognizer (16 kHz)
         self._user_text: list[str] = []
-        self._paused: Optional[asyncio.TimerHandle] = None  # pending false-interruption check
         self._tasks: set[asyncio.Task] = set()
         self._reply_task: Optional[asyncio.Task] = None
         self._tts: Any = None
@@ -255,8 +257,8 @@ class Conversation:
             self._on_speech_start()
         elif isinstance(event, Partial):
             self.events.emit("transcript.partial", text=event.text)
-            if event.text.strip() and self._paused is not None:
-                self._confirm_barge_in()
+            if self._speaking() and has_word(event.text):
+                self._barge_in()
             self._on_partial(event.text)
         elif isinstance(event, Final):
             self._on_final(event)
@@ -268,10 +270,11 @@ class Conversation:
             self._last_activity = time.monotonic()
             self._idle_prompted = False
 
+    def _speaking(self) -> bool:
+        return self.state in ("responding", "speaking") and self.reply is not None
+
     def _on_speech_start(self) -> None:
-        if self.state in ("responding", "speaking") and self._paused is None:
-            self._pause_reply()
-        elif self.state == "listening":
+        if self.state == "listening":
             self._set_state("user_speaking")
             self._turn_started = time.monotonic()
 
@@ -280,8 +283,10 @@ class Conversation:
         self.events.emit("transcript.final", text=event.text, words=words)
         if not event.text.strip():
             return
-        if self._paused is not None:
-            self._confirm_barge_in()
+        if self._speaking():
+            if not has_word(event.text):
+                return  # a cough or residual echo during the reply: not the caller's turn
+            self._barge_in()
         self._user_text.append(event.text)
         if event.words:  # when, on the wall clock, the last word ended
             lag_s = self._pushed_samples / STT_RATE - event.words[-1][2]
@@ -357,12 +362,13 @@ class Conversation:
     def _on_idle(self) -> None:
         if not self._idle_prompted:
             self._idle_prompted = True
-            self._say(IDLE_PROMPT)
+            self.say(IDLE_PROMPT)
         else:
-            self._say(IDLE_GOODBYE, hang_up="idle")
+            self.say(IDLE_GOODBYE, hang_up="idle")
 
-    def _say(self, text: str, hang_up: Optional[str] = None) -> None:
-        """A reply of Parley's own (not the responder's)."""
+    def say(self, text: str, hang_up: Optional[str] = None) -> None:
+        """Speak `text` now, on Parley's own initiative (not the responder's): an idle prompt,
+        a notice; it is a reply like any other (barge-in, history, metrics)."""
         async def deltas() -> AsyncIterator[Any]:
             yield text
             if hang_up:
@@ -481,7 +487,7 @@ class Conversation:
         while not reply.tts_done or (reply.start_sample is not None
                                      and self.pacer.played_samples < reply.start_sample + reply.written):
             await asyncio.sleep(DRAIN_POLL_S)
-            if time.monotonic() - saved >= PROGRESS_EVERY_S and self._paused is None:
+            if time.monotonic() - saved >= PROGRESS_EVERY_S:
                 saved = time.monotonic()
                 self._set_progress(reply)
         if reply.times.first_audio is not None:  # (an empty greeting plays nothing)
@@ -504,44 +510,18 @@ class Conversation:
 
     # -- barge-in ------------------------------------------------------------------------------
 
-    def _pause_reply(self) -> None:
-        """The caller started speaking over the reply: silence now, decide within false_interruption_s."""
-        if self.reply is not None:
-            self._set_progress(self.reply)  # where the caller cut in
-        self.pacer.flush()
-        self._stop_tts()
-        self._paused = asyncio.get_running_loop().call_later(self.false_interruption_s, self._resume_reply)
-
-    def _confirm_barge_in(self) -> None:
+    def _barge_in(self) -> None:
+        """The caller spoke a word over the reply: silence now, keep only what was heard."""
         reply = self.reply
-        self._paused.cancel()
-        self._paused = None
-        if reply is None:
-            return
         heard, played_ms = reply.heard(self.pacer)
+        self.pacer.flush()
         self._cancel_reply()
         self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)
         self.history.append(Turn("assistant", reply.text, heard_text=heard))
         self.reply = None
         self._set_progress(None)
         self._set_state("user_speaking")
-
-    def _resume_reply(self) -> None:
-        """No words came: it was a cough or an "mm-hm". Speak on from the first unheard word."""
-        self._paused = None
-        reply = self.reply
-        if reply is None:
-            return
-        heard, _ = reply.heard(self.pacer)
-        reply.skipped_words = len(heard.split())
-        rest = " ".join(reply.text.split()[reply.skipped_words:])
-        reply.marks, reply.start_sample, reply.written, reply.rate, reply.tts_done = [], None, 0, None, False
-        self.events.emit("response.resumed", turn=reply.turn, from_word=reply.skipped_words)
-        self._tts = self._new_tts(reply)
-        if rest:
-            self._tts.push_text(rest + (" " if not reply.responder_done else ""))
-        if reply.responder_done:
-            self._tts.end()
+        self._turn_started = time.monotonic()
 
     def _stop_tts(self) -> None:
         tts, self._tts = self._tts, None
@@ -550,9 +530,6 @@ class Conversation:
 
     def _cancel_reply(self) -> None:
         self._stop_tts()
-        if self._paused is not None:
-            self._paused.cancel()
-            self._paused = None
         if self._reply_task is not None:
             self._reply_task.cancel()
             self._reply_task = None

@@ -9,12 +9,14 @@ reference), so per 20 ms frame it:
 2. estimates the echo delay by cross-correlating the last REFERENCE_WINDOW_S of inbound
    audio with the reference (GCC-PHAT, re-estimated every DELAY_UPDATE_FRAMES while Parley
    speaks);
-3. estimates the echo path's gain per frequency band while only Parley is talking (the
-   smallest recent inbound/reference magnitude ratio: the caller's own speech only ever adds
-   energy);
+3. estimates the echo path's gain per frequency band from the inbound/reference magnitude
+   ratio in bands where Parley's voice is strong (a low percentile over the last 2 s: the
+   caller's own speech only ever adds energy);
 4. subtracts the predicted echo spectrum from the inbound spectrum (Wiener-style gain with a
    floor; 50 % overlap, sqrt-Hann windows), so echo is removed while a caller talking over
-   Parley (double talk) keeps most of their energy.
+   Parley (double talk) keeps most of their energy;
+5. fills what it removed with comfort noise at the line's own noise floor: gated bands of
+   bare noise sound like hissing speech to a recognizer ("sss"), a steady floor does not.
 
 This is residual-echo suppression, not a full linear canceller: it needs no convergence
 time, and its cost is two small FFTs per frame.
@@ -34,12 +36,15 @@ MAX_DELAY_S = 0.5  # longest echo path searched
 REFERENCE_WINDOW_S = 1.0  # audio correlated per delay estimate
 DELAY_UPDATE_FRAMES = 10  # re-estimate the delay every 200 ms while the reference is active
 MIN_CORRELATION = 0.12  # GCC-PHAT peak (normalised) needed to trust a delay estimate
+PHAT_BETA = 0.7  # partial whitening: full PHAT (1.0) lets noise-only bins vote as loudly as speech
 MIN_ACTIVE_FRACTION = 0.3  # share of the inbound window that must carry sound to estimate a delay
 DELAY_TOLERANCE = 32  # samples (2 ms): a new estimate within this keeps the echo-gain history
 ACTIVE_REFERENCE_RMS = 100.0  # int16 RMS above which Parley counts as speaking
-GAIN_MEMORY_FRAMES = 100  # 2 s of per-band echo-gain estimates kept (minimum statistics)
+GAIN_MEMORY_FRAMES = 100  # 2 s of per-band echo-gain estimates kept
+COUPLING_PERCENTILE = 20  # of those estimates: robust to noise, still below the caller's speech
+REFERENCE_BAND_SHARE = 0.03  # a band counts as carrying Parley's voice above this share of its loudest
 OVER_SUBTRACTION = 2.0  # remove a bit more than the predicted echo: a safe margin
-GAIN_FLOOR = 0.05  # about -26 dB: never zero, to avoid musical noise
+GAIN_FLOOR = 0.003  # about -50 dB: the listener is a recognizer, so musical noise is harmless
 N_BANDS = 32
 
 
@@ -60,7 +65,10 @@ class EchoSuppressor:
         self._reference_bands: Deque[np.ndarray] = deque(maxlen=int(MAX_DELAY_S * SAMPLE_RATE) // FRAME + 2)
         self._overlap = np.zeros(FRAME, dtype=np.float32)
         self._frames_since_estimate = 0
+        self._noise_floor = np.zeros(WINDOW // 2 + 1)  # per-bin magnitude while Parley is silent
+        self._comfort = np.random.default_rng(0)
         self.delay: Optional[int] = None  # echo delay in samples, once estimated
+        self._candidate: Optional[int] = None  # a different delay seen once, awaiting confirmation
         self.suppressed_frames = 0
 
     def add_reference(self, pcm16k: np.ndarray) -> None:
@@ -107,11 +115,18 @@ class EchoSuppressor:
         return float(np.sqrt(np.mean(recent ** 2))) > ACTIVE_REFERENCE_RMS / 4
 
     def _update_delay(self, estimate: Optional[int]) -> None:
+        """Adopt the first estimate; later, move only when two estimates in a row agree on a
+        new delay (one noisy correlation must not throw away a working alignment)."""
         if estimate is None:
             return
-        if self.delay is None or abs(estimate - self.delay) > DELAY_TOLERANCE:
-            self._band_gains.clear()  # gains measured at another alignment mean nothing now
-        self.delay = estimate
+        if self.delay is not None and abs(estimate - self.delay) <= DELAY_TOLERANCE:
+            self._candidate = None
+            return
+        if self.delay is not None and (self._candidate is None or abs(estimate - self._candidate) > DELAY_TOLERANCE):
+            self._candidate = estimate
+            return
+        self._band_gains.clear()  # gains measured at another alignment mean nothing now
+        self.delay, self._candidate = estimate, None
 
     def _estimate_delay(self) -> Optional[int]:
         """GCC-PHAT between the last second of inbound audio and the reference before it;
@@ -124,7 +139,8 @@ class EchoSuppressor:
         x = self._reference[-(n + max_delay):]  # starts max_delay earlier than y
         size = 1 << int(np.ceil(np.log2(len(x) + n)))
         cross = np.fft.rfft(x, size) * np.conj(np.fft.rfft(y, size))
-        correlation = np.fft.irfft(cross / (np.abs(cross) + 1e-9), size)
+        correlation = np.fft.irfft(cross / (np.abs(cross) ** PHAT_BETA + 1e-9), size)
+        correlation /= np.sqrt(np.sum(x ** 2) * np.sum(y ** 2)) ** (1 - PHAT_BETA) + 1e-9
         # c[k] = sum_m x[m + k] y[m]: an echo D samples late peaks at k = max_delay - D.
         k = int(np.argmax(correlation[:max_delay + 1]))
         if correlation[k] < MIN_CORRELATION:
@@ -141,21 +157,35 @@ class EchoSuppressor:
         y, r = self._spectra()
         y_mag, r_mag = np.abs(y), np.abs(r)
         band_y, band_r = self._band_levels(y_mag), self._band_levels(r_mag)
-        active = band_r > 1.0
+        active = band_r > max(1.0, REFERENCE_BAND_SHARE * band_r.max())  # bands where Parley's voice is
         if active.any():
-            ratio = np.where(active, band_y / np.maximum(band_r, 1e-6), np.inf)
-            self._band_gains.append(ratio)
+            self._band_gains.append(np.where(active, band_y / np.maximum(band_r, 1e-6), np.nan))
         if not self._band_gains:
             return self._synthesize(y)
-        coupling = np.min(np.stack(self._band_gains), axis=0)  # the echo path: never more than observed
-        coupling[~np.isfinite(coupling)] = 0.0
+        coupling = self._coupling()
         gains = np.ones_like(y_mag)
         for band, h in zip(self._bands, coupling):
             echo = OVER_SUBTRACTION * h * r_mag[band]
             gains[band] = np.clip(1.0 - (echo ** 2) / np.maximum(y_mag[band] ** 2, 1e-6), GAIN_FLOOR, 1.0)
+        return self._apply(y, gains)
+
+    def _coupling(self) -> np.ndarray:
+        """Echo-path gain per band: a low percentile of inbound/reference over recent frames
+        (the caller's speech only ever raises the ratio; a minimum would chase noise)."""
+        history = np.stack(self._band_gains)
+        seen = ~np.all(np.isnan(history), axis=0)
+        coupling = np.full(history.shape[1], np.nan)
+        if seen.any():
+            coupling[seen] = np.nanpercentile(history[:, seen], COUPLING_PERCENTILE, axis=0)
+        typical = np.nanmedian(coupling) if seen.any() else 0.0
+        return np.where(np.isnan(coupling), typical, coupling)  # unseen bands: like the others
+
+    def _apply(self, y: np.ndarray, gains: np.ndarray) -> np.ndarray:
+        """Keep `gains` of the inbound spectrum; make up the rest with comfort noise."""
         if np.mean(gains) < 0.5:
             self.suppressed_frames += 1
-        return self._synthesize(y * gains)
+        phase = np.exp(2j * np.pi * self._comfort.random(len(y)))
+        return self._synthesize(y * gains + (1.0 - gains) * self._noise_floor * phase)
 
     def _band_levels(self, magnitude: np.ndarray) -> np.ndarray:
         return np.array([np.sqrt(np.mean(magnitude[b] ** 2)) for b in self._bands])
@@ -170,12 +200,14 @@ class EchoSuppressor:
         for band, level in zip(self._bands, loudest):
             if np.sqrt(np.mean(y_mag[band] ** 2)) <= level:
                 gains[band] = GAIN_FLOOR
-        if np.mean(gains) < 0.5:
-            self.suppressed_frames += 1
-        return self._synthesize(y * gains)
+        return self._apply(y, gains)
 
     def _passthrough(self) -> np.ndarray:
         y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
+        # The floor follows quiet stretches quickly and loud ones (the caller talking) slowly.
+        magnitude = np.abs(y)
+        rate = np.where(magnitude < self._noise_floor, 0.1, 0.03)
+        self._noise_floor += rate * (magnitude - self._noise_floor)
         return self._synthesize(y)
 
     def _synthesize(self, spectrum: np.ndarray) -> np.ndarray:
