@@ -185,11 +185,17 @@ async def test_a_reply_streams_plays_out_and_enters_the_history(harness):
     assert h.conversation.state == "listening"
 
 
-async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harness):
+async def long_reply_playing(harness, words_played: int) -> Harness:
+    """A conversation whose (echoed) reply to LONG has played `words_played` words."""
     h = harness(EchoResponder())
     h.say(LONG)
     await h.wait_for("response.audio.start")
-    await h.wait_played(5 * WORD_S)
+    await h.wait_played(words_played * WORD_S)
+    return h
+
+
+async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harness):
+    h = await long_reply_playing(harness, 5)
     h.conversation.on_stt_event(SpeechStart(3.0))
     assert h.conversation.state == "speaking", "speech detection alone does not stop the reply"
     h.conversation.on_stt_event(Partial("wait"))
@@ -206,10 +212,7 @@ async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harnes
 
 
 async def test_a_cough_or_mm_hm_does_not_stop_the_reply(harness):
-    h = harness(EchoResponder())
-    h.say(LONG)
-    await h.wait_for("response.audio.start")
-    await h.wait_played(4 * WORD_S)
+    h = await long_reply_playing(harness, 4)
     for event in (SpeechStart(3.0), Partial("mm hm"), Partial("s"), Final("mm hm", [("mm", 3.0, 3.2), ("hm", 3.3, 3.5)])):
         h.conversation.on_stt_event(event)  # what a recognizer makes of a cough or a backchannel
     await h.wait_for("response.audio.end")
@@ -265,10 +268,7 @@ async def test_a_turn_without_words_starts_nothing(harness):
 
 
 async def test_a_reconnected_caller_hears_the_rest_of_the_cut_off_reply(harness):
-    first = harness(EchoResponder())
-    first.say(LONG)
-    await first.wait_for("response.audio.start")
-    await first.wait_played(6 * WORD_S)
+    first = await long_reply_playing(harness, 6)
     await asyncio.sleep(0.3)  # a progress save happens every 0.25 s while the reply plays
     pending = first.conversation.in_progress
     assert first.changes > 0 and pending is not None and pending.text == "You said: " + LONG
