@@ -8,14 +8,17 @@ between deltas is the loop's, and a cancelled turn is not mistaken for a timeout
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+from abc import abstractmethod
+from typing import Any, AsyncIterator, Awaitable, Optional, Sequence, TypeVar
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
-from .base import Responder, ResponderError
+from ..sessions import Turn
+from .base import Delta, Responder, ResponderError
 
 ERROR_BODY_CHARS = 200  # of an error response, quoted in the ResponderError
 NO_TIMEOUT = aiohttp.ClientTimeout(total=None)  # Deadline bounds every step instead
@@ -145,6 +148,38 @@ class HttpResponder(Responder):
 
     def deadline(self) -> Deadline:
         return Deadline(self.first_s, self.total_s)
+
+    def bearer_headers(self, accept: str, token: str) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @abstractmethod
+    def payload(self, history: Sequence[Turn]) -> dict[str, Any]:
+        """The request body for this kind of server."""
+
+    @abstractmethod
+    def headers(self) -> dict[str, str]: ...
+
+    @abstractmethod
+    def reply_deltas(self, response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[Delta]:
+        """The reply's deltas, read in this kind of server's format."""
+
+    async def respond(self, history: Sequence[Turn]) -> AsyncIterator[Delta]:
+        """POST the conversation, then relay the reply's deltas; the response is closed at once
+        if the reply is cut short (cancelled, timed out), and reused after a complete one."""
+        deadline = self.deadline()
+        response, complete = None, False
+        try:
+            response = await post(self.session(), self.url, self.payload(history), self.headers(), deadline, self.who)
+            async with contextlib.aclosing(self.reply_deltas(response, deadline)) as stream:
+                async for delta in stream:
+                    deadline.started = True
+                    yield delta
+            complete = True
+        finally:
+            finish(response, complete)
 
     async def aclose(self) -> None:
         if self._owns_http and self._http is not None:

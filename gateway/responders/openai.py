@@ -16,7 +16,7 @@ import aiohttp
 
 from ..sessions import Turn
 from .base import Delta, ResponderError, chat_messages
-from .httpstream import Deadline, HttpResponder, finish, lines, post, public_url, within
+from .httpstream import Deadline, HttpResponder, lines, public_url, within
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful voice assistant on a phone call. Your words are spoken aloud: answer "
@@ -90,30 +90,17 @@ class OpenAIResponder(HttpResponder):
         return {"model": self.model, "messages": messages, "stream": True}
 
     def headers(self) -> dict[str, str]:
-        headers = {"Accept": "text/event-stream"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
+        return self.bearer_headers("text/event-stream", self._api_key)
 
-    async def respond(self, history: Sequence[Turn]) -> AsyncIterator[Delta]:
-        deadline = self.deadline()
-        response, complete = None, False
-        try:
-            response = await post(self.session(), self.url, self.payload(history), self.headers(),
-                                  deadline, self.who)
-            if response.content_type == "application/json":  # the server ignored stream: true
-                text, _ = chunk_delta(await within(deadline, response.text(), self.who), self.who)
-                complete = True
-                if text:
-                    yield text
-                return
-            async with contextlib.aclosing(self._stream(response, deadline)) as stream:
-                async for text in stream:
-                    deadline.started = True
-                    yield text
-            complete = True
-        finally:
-            finish(response, complete)
+    async def reply_deltas(self, response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[Delta]:
+        if response.content_type == "application/json":  # the server ignored stream: true
+            text, _ = chunk_delta(await within(deadline, response.text(), self.who), self.who)
+            if text:
+                yield text
+            return
+        async with contextlib.aclosing(self._stream(response, deadline)) as stream:
+            async for text in stream:
+                yield text
 
     async def _stream(self, response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[str]:
         events, finished = SseEvents(), False

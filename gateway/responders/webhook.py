@@ -27,7 +27,7 @@ import aiohttp
 
 from ..sessions import Turn
 from .base import Delta, EndCall, Handoff, ResponderError, spoken_text
-from .httpstream import Deadline, HttpResponder, chunks, finish, lines, post, public_url, within
+from .httpstream import Deadline, HttpResponder, chunks, lines, public_url, within
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonlines", "application/ndjson")
 ACTIONS = {"handoff": Handoff, "end_call": EndCall}
@@ -80,26 +80,12 @@ class WebhookResponder(HttpResponder):
         self.who = f"webhook responder ({public_url(url)})"
 
     def headers(self) -> dict[str, str]:
-        headers = {"Accept": "text/plain, application/x-ndjson, application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        return headers
+        return self.bearer_headers("text/plain, application/x-ndjson, application/json", self._token)
 
-    async def respond(self, history: Sequence[Turn]) -> AsyncIterator[Delta]:
-        deadline = self.deadline()
-        payload = {"session_id": self.session_id, "messages": webhook_messages(history)}
-        response, complete = None, False
-        try:
-            response = await post(self.session(), self.url, payload, self.headers(), deadline, self.who)
-            async with contextlib.aclosing(self._deltas(response, deadline)) as stream:
-                async for delta in stream:
-                    deadline.started = True
-                    yield delta
-            complete = True
-        finally:
-            finish(response, complete)
+    def payload(self, history: Sequence[Turn]) -> dict[str, Any]:
+        return {"session_id": self.session_id, "messages": webhook_messages(history)}
 
-    def _deltas(self, response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[Delta]:
+    def reply_deltas(self, response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[Delta]:
         if response.status == 204:
             return _nothing()
         if response.content_type in NDJSON_TYPES:
