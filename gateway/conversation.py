@@ -16,7 +16,7 @@ end-of-turn decision); if the caller says more, the attempt is cancelled unheard
 
 Barge-in: when the caller speaks over a reply and the recognizer hears a word (letters
 with a vowel: "no", "wait" — not the "s" or "o" it can make of a cough, a breath or residual
-echo), the pacer is flushed (audio stops within one 20 ms frame), the TTS stream and the
+echo) while the echo suppressor hears the caller's own voice over Parley's, the pacer is flushed (audio stops within one 20 ms frame), the TTS stream and the
 responder are cancelled, `response.interrupted {heard_text, played_ms}` is sent and the
 history keeps only the words the caller heard (from the TTS word marks and the pacer's
 played-sample count). A cough or an "mm-hm" yields no word, so it never stops the reply.
@@ -257,7 +257,7 @@ class Conversation:
             self._on_speech_start()
         elif isinstance(event, Partial):
             self.events.emit("transcript.partial", text=event.text)
-            if self._speaking() and has_word(event.text):
+            if self._speaking() and self._caller_spoke(event.text):
                 self._barge_in()
             self._on_partial(event.text)
         elif isinstance(event, Final):
@@ -273,6 +273,10 @@ class Conversation:
     def _speaking(self) -> bool:
         return self.state in ("responding", "speaking") and self.reply is not None
 
+    def _caller_spoke(self, text: str) -> bool:
+        """A word, and the caller's own voice audible over Parley's (not its echo's residue)."""
+        return has_word(text) and self.echo.caller_audible()
+
     def _on_speech_start(self) -> None:
         if self.state == "listening":
             self._set_state("user_speaking")
@@ -284,7 +288,7 @@ class Conversation:
         if not event.text.strip():
             return
         if self._speaking():
-            if not has_word(event.text):
+            if not self._caller_spoke(event.text):
                 return  # a cough or residual echo during the reply: not the caller's turn
             self._barge_in()
         self._user_text.append(event.text)

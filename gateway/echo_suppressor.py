@@ -16,7 +16,9 @@ reference), so per 20 ms frame it:
    floor; 50 % overlap, sqrt-Hann windows), so echo is removed while a caller talking over
    Parley (double talk) keeps most of their energy;
 5. fills what it removed with comfort noise at the line's own noise floor: gated bands of
-   bare noise sound like hissing speech to a recognizer ("sss"), a steady floor does not.
+   bare noise sound like hissing speech to a recognizer ("sss"), a steady floor does not;
+6. tells whether the caller is audible over Parley (double talk): what it kept stands well
+   above the noise floor. A "word" the recognizer makes of residual echo does not.
 
 This is residual-echo suppression, not a full linear canceller: it needs no convergence
 time, and its cost is two small FFTs per frame.
@@ -43,6 +45,8 @@ ACTIVE_REFERENCE_RMS = 100.0  # int16 RMS above which Parley counts as speaking
 GAIN_MEMORY_FRAMES = 100  # 2 s of per-band echo-gain estimates kept
 COUPLING_PERCENTILE = 20  # of those estimates: robust to noise, still below the caller's speech
 REFERENCE_BAND_SHARE = 0.03  # a band counts as carrying Parley's voice above this share of its loudest
+CALLER_AUDIBLE_RATIO = 10.0  # kept energy this far above the noise floor's (10 dB): the caller is talking
+CALLER_MEMORY_FRAMES = 25  # ... within the last 500 ms
 OVER_SUBTRACTION = 2.0  # remove a bit more than the predicted echo: a safe margin
 GAIN_FLOOR = 0.003  # about -50 dB: the listener is a recognizer, so musical noise is harmless
 N_BANDS = 32
@@ -70,6 +74,7 @@ class EchoSuppressor:
         self.delay: Optional[int] = None  # echo delay in samples, once estimated
         self._candidate: Optional[int] = None  # a different delay seen once, awaiting confirmation
         self.suppressed_frames = 0
+        self._kept_ratios: Deque[float] = deque(maxlen=CALLER_MEMORY_FRAMES)
 
     def add_reference(self, pcm16k: np.ndarray) -> None:
         """Audio Parley sent (16 kHz int16), as the pacer sends it."""
@@ -184,8 +189,18 @@ class EchoSuppressor:
         """Keep `gains` of the inbound spectrum; make up the rest with comfort noise."""
         if np.mean(gains) < 0.5:
             self.suppressed_frames += 1
+        kept = y * gains
+        floor_energy = float(np.sum(self._noise_floor ** 2)) + 1e-6
+        self._kept_ratios.append(float(np.sum(np.abs(kept) ** 2)) / floor_energy)
         phase = np.exp(2j * np.pi * self._comfort.random(len(y)))
-        return self._synthesize(y * gains + (1.0 - gains) * self._noise_floor * phase)
+        return self._synthesize(kept + (1.0 - gains) * self._noise_floor * phase)
+
+    def caller_audible(self) -> bool:
+        """Did the caller's own voice come through in the last 500 ms? (True when Parley has
+        been silent: then there is no echo to mistake for them.)"""
+        if not self._kept_ratios:
+            return True
+        return max(self._kept_ratios) > CALLER_AUDIBLE_RATIO
 
     def _band_levels(self, magnitude: np.ndarray) -> np.ndarray:
         return np.array([np.sqrt(np.mean(magnitude[b] ** 2)) for b in self._bands])
@@ -203,6 +218,7 @@ class EchoSuppressor:
         return self._apply(y, gains)
 
     def _passthrough(self) -> np.ndarray:
+        self._kept_ratios.clear()  # Parley is silent: whatever is heard is the caller
         y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
         # The floor follows quiet stretches quickly and loud ones (the caller talking) slowly.
         magnitude = np.abs(y)
