@@ -1,0 +1,359 @@
+"""Streaming text-to-speech: SSM phoneme encoder with bounded lookahead, durations, SSM frame
+decoder, source-filter vocoder (engine/vocoder.py). Distilled from Piper en_US-joe-medium.
+
+    text deltas ─► IncrementalText (engine/text.py) ─► phoneme ids (Piper's espeak-ng)
+      ─► embed ─► causal RecurrentStack over ids; phoneme i reads the state at i + LOOKAHEAD
+      ─► duration head (frames per id, trained on Piper's exact alignments)
+      ─► repeat each id's vector for its frames (+ position within the id)
+      ─► causal RecurrentStack over 11.6 ms frames ─► vocoder features ─► 22.05 kHz audio
+
+Every stage is causal and carries a fixed-size state, so `Synthesizer` (one stream) renders
+audio chunk by chunk as phrases arrive, with the same numbers as `synthesize_offline`. The
+batchable pieces are `TtsModel.encode` / `decode` (any batch of streams, any chunk length,
+explicit state) and `vocoder.synthesize_frame`: the batched runtime can drive them per tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import AsyncIterator, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import vocoder, weights
+from .interface import Audio, TtsEvent, WordMark
+from .ssm import BlockState, RecurrentStack
+from .text import N_PHONEME_IDS, IncrementalText, Phrase
+
+SAMPLE_RATE = vocoder.SAMPLE_RATE  # output: the teacher's 22.05 kHz (no content above 11 kHz to learn)
+HOP = vocoder.HOP  # samples per model frame
+END_ID = N_PHONEME_IDS - 1  # fed LOOKAHEAD times after the last id: "no more text"
+MAX_FRAMES_PER_ID = 60  # 0.7 s: a cap on any predicted duration
+FIRST_CHUNK_FRAMES = 4  # the first chunk is short (46 ms of audio): time to first audio ...
+CHUNK_FRAMES = 32  # ... then chunks double up to this (372 ms): fewer, larger ops per second of
+# audio on CPU (per-op overhead dominates at this model size). cancel() acts at a chunk boundary.
+SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "tts.safetensors"
+
+
+@dataclass
+class TtsConfig:
+    width: int = 192
+    encoder_depth: int = 3
+    decoder_depth: int = 4
+    mlp_ratio: int = 2
+    lookahead: int = 6  # ids (PAD between phonemes, so ~3 phonemes)
+
+
+class TtsModel(nn.Module):
+    def __init__(self, config: TtsConfig) -> None:
+        super().__init__()
+        self.config = config
+        w = config.width
+        self.embed = nn.Embedding(N_PHONEME_IDS, w)
+        self.encoder = RecurrentStack(w, config.encoder_depth, 1, config.mlp_ratio)
+        self.phoneme_out = nn.Linear(2 * w, w)
+        self.duration_head = nn.Sequential(nn.Linear(w, w), nn.GELU(), nn.Linear(w, 1))
+        self.frame_in = nn.Linear(w + 3, w)
+        self.decoder = RecurrentStack(w, config.decoder_depth, 1, config.mlp_ratio)
+        self.feature_head = nn.Linear(w, vocoder.N_FEATURES)
+        # target normalisation, set from the training data (ships inside the weights file)
+        nn.init.constant_(self.duration_head[-1].bias, math.log1p(2.0))  # ~2 frames per id to start
+        self.register_buffer("feature_mean", torch.zeros(vocoder.N_FEATURES))
+        self.register_buffer("feature_std", torch.ones(vocoder.N_FEATURES))
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
+    # -- encoder: ids -> per-id vectors, LOOKAHEAD ids late ------------------------------------
+
+    def encode(self, ids: Tensor, state: list[BlockState], history: Tensor) -> tuple[Tensor, list[BlockState], Tensor]:
+        """ids [B, L] (appended to a stream) -> (vectors [B, L, width] for the ids LOOKAHEAD
+        positions earlier, new encoder state, new history of the last LOOKAHEAD embeddings).
+
+        Before LOOKAHEAD ids have been seen the first outputs belong to no id; the caller
+        drops them (Synthesizer counts ids)."""
+        embedded = self.embed(ids)
+        hidden, state = self.encoder(embedded, state)
+        past = torch.cat([history, embedded], dim=1)  # [B, k + L, w]: embedding of id i - k
+        vectors = self.phoneme_out(torch.cat([hidden, past[:, : ids.shape[1]]], dim=-1))
+        return vectors, state, past[:, -self.config.lookahead:]
+
+    def initial_history(self, batch: int, device=None) -> Tensor:
+        return torch.zeros(batch, self.config.lookahead, self.config.width, device=device)
+
+    def durations(self, vectors: Tensor) -> Tensor:
+        """Predicted log(1 + frames) per id [B, L]."""
+        return self.duration_head(vectors).squeeze(-1)
+
+    # -- decoder: frames -> vocoder features ---------------------------------------------------
+
+    def decode(self, frame_vectors: Tensor, positions: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState]]:
+        """frame_vectors [B, T, w] (each id's vector repeated), positions [B, T, 3] -> (normalised
+        features [B, T, N_FEATURES], state). Column 1 (voicing) is a logit."""
+        hidden, state = self.decoder(self.frame_in(torch.cat([frame_vectors, positions], dim=-1)), state)
+        return self.feature_head(hidden), state
+
+    def denormalise(self, outputs: Tensor) -> Tensor:
+        """Decoder outputs -> vocoder features (voicing as 0/1)."""
+        features = outputs * self.feature_std + self.feature_mean
+        voiced = (outputs[..., 1:2] > 0).float()
+        return torch.cat([features[..., :1], voiced, features[..., 2:]], dim=-1)
+
+    # -- training (teacher-forced durations) ---------------------------------------------------
+
+    def forward(self, ids: Tensor, durations: Tensor) -> tuple[Tensor, Tensor]:
+        """ids [B, L] (padded with END_ID), durations [B, L] frames -> (log-duration predictions
+        [B, L], normalised feature predictions [B, sum(durations) max, N_FEATURES])."""
+        batch, length = ids.shape
+        k = self.config.lookahead
+        padded = torch.cat([ids, torch.full((batch, k), END_ID, dtype=ids.dtype, device=ids.device)], dim=1)
+        vectors, _, _ = self.encode(padded, self.encoder.initial_state(batch, ids.device),
+                                    self.initial_history(batch, ids.device))
+        vectors = vectors[:, k:]
+        frame_vectors, positions = expand_frames(vectors, durations)
+        outputs, _ = self.decode(frame_vectors, positions, self.decoder.initial_state(batch, ids.device))
+        return self.durations(vectors), outputs
+
+
+def frame_positions(duration: Tensor) -> Tensor:
+    """For an id lasting d frames: per frame (fraction done, fraction left, log(1+d)/4) [d, 3]."""
+    d = int(duration)
+    step = torch.arange(d, dtype=torch.float32, device=duration.device)
+    done = (step + 0.5) / max(d, 1)
+    return torch.stack([done, 1 - done, torch.full_like(done, math.log1p(d) / 4)], dim=-1)
+
+
+def expand_frames(vectors: Tensor, durations: Tensor) -> tuple[Tensor, Tensor]:
+    """Repeat each id's vector for its frames: [B, L, w], [B, L] -> [B, T, w], [B, T, 3] (zero-padded)."""
+    batch = vectors.shape[0]
+    frames = [torch.repeat_interleave(vectors[b], durations[b].clamp(min=0), dim=0) for b in range(batch)]
+    positions = [torch.cat([frame_positions(d) for d in durations[b] if int(d) > 0] or
+                           [torch.zeros(0, 3, device=vectors.device)]) for b in range(batch)]
+    longest = max(1, max(len(f) for f in frames))
+    out = vectors.new_zeros(batch, longest, vectors.shape[-1])
+    pos = vectors.new_zeros(batch, longest, 3)
+    for b in range(batch):
+        out[b, : len(frames[b])] = frames[b]
+        pos[b, : len(positions[b])] = positions[b]
+    return out, pos
+
+
+def round_durations(log_durations: Tensor) -> Tensor:
+    return torch.clamp(torch.round(torch.expm1(log_durations.float().clamp(max=8.0))), 0, MAX_FRAMES_PER_ID).long()
+
+
+# -- one stream --------------------------------------------------------------------------------
+
+@dataclass
+class _Pending:
+    vector: Tensor  # [w]
+    frames: int
+    word: Optional[str]  # a word starting at this id
+
+
+class Synthesizer:
+    """One stream: text deltas in, Audio and WordMark events out, chunk by chunk.
+
+    push_text/end release phrases (engine/text.py); `pull()` renders up to CHUNK_FRAMES
+    frames that are ready (their id's LOOKAHEAD successors are known) and returns the events.
+    Fixed-size model state: encoder/decoder SSM states, the lookahead history, the vocoder's
+    phase and overlap-add memory, plus a queue of ready ids (bounded by the pending text).
+    """
+
+    def __init__(self, model: TtsModel, device: str = "cpu") -> None:
+        self.model = model.eval()
+        self.device = device
+        self.text = IncrementalText()
+        self.encoder_state = model.encoder.initial_state(1, device)
+        self.decoder_state = model.decoder.initial_state(1, device)
+        self.history = model.initial_history(1, device)
+        self.vocoder_state = vocoder.VocoderState.zeros(1, device)
+        self.ids_seen = 0  # ids fed to the encoder (including END_ID padding)
+        self.words: deque[Optional[str]] = deque()  # per fed id, its word start (or None)
+        self.ready: deque[_Pending] = deque()
+        self.frame_in_id = 0  # frames already rendered of ready[0]
+        self.samples_out = 0
+        self.chunk_frames = FIRST_CHUNK_FRAMES
+        self.ended = self.cancelled = False
+        self.word_marks: list[WordMark] = []
+
+    def push_text(self, delta: str) -> None:
+        if self.cancelled:
+            return
+        self._feed(self.text.push(delta))
+
+    def end(self) -> None:
+        if self.cancelled or self.ended:
+            return
+        self._feed(self.text.end())
+        self.ended = True
+        self._encode([END_ID] * self.model.config.lookahead, [None] * self.model.config.lookahead)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.ready.clear()
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or (self.ended and not self.ready)
+
+    def _feed(self, phrases: list[Phrase]) -> None:
+        for phrase in phrases:
+            labels: list[Optional[str]] = [None] * len(phrase.ids)
+            for i, word in zip(phrase.word_starts, phrase.words):  # merged words share an id
+                labels[i] = word if labels[i] is None else f"{labels[i]} {word}"
+            self._encode(phrase.ids, labels)
+
+    @torch.no_grad()
+    def _encode(self, ids: list[int], labels: list[Optional[str]]) -> None:
+        if not ids:
+            return
+        tensor = torch.tensor([ids], dtype=torch.long, device=self.device)
+        vectors, self.encoder_state, self.history = self.model.encode(tensor, self.encoder_state, self.history)
+        self.words.extend(labels)
+        k = self.model.config.lookahead
+        first = self.ids_seen  # vectors[j] belongs to id first + j - k
+        self.ids_seen += len(ids)
+        own = [(j, first + j - k) for j in range(len(ids)) if first + j - k >= 0]
+        if not own:
+            return
+        chosen = vectors[0, [j for j, _ in own]]
+        frames = round_durations(self.model.durations(chosen)).tolist()
+        for (j, _), vector, n in zip(own, chosen, frames):
+            word = self.words.popleft()
+            self.ready.append(_Pending(vector, n, word))
+
+    @torch.no_grad()
+    def pull(self) -> list[TtsEvent]:
+        """Render the next chunk of ready frames -> events ([] when nothing is ready)."""
+        if self.cancelled:
+            return []
+        vectors, positions, events = [], [], []
+        frame_offset = self.samples_out // HOP
+        limit = self.chunk_frames
+        while self.ready and len(vectors) < limit:
+            head = self.ready[0]
+            if self.frame_in_id == 0 and head.word:
+                # the vocoder sounds frame t during hop t + 1 (one hop of interpolation)
+                sample = (frame_offset + len(vectors) + 1) * HOP
+                for word in head.word.split(" "):
+                    events.append(WordMark(word, sample))
+            if head.frames == 0:
+                self.ready.popleft()
+                continue
+            take = min(head.frames - self.frame_in_id, limit - len(vectors))
+            pos = frame_positions(torch.tensor(head.frames))[self.frame_in_id:self.frame_in_id + take]
+            vectors += [head.vector] * take
+            positions.append(pos)
+            self.frame_in_id += take
+            if self.frame_in_id == head.frames:
+                self.ready.popleft()
+                self.frame_in_id = 0
+        if not vectors:
+            self.word_marks += [e for e in events if isinstance(e, WordMark)]
+            return events
+        self.chunk_frames = min(CHUNK_FRAMES, 2 * self.chunk_frames)
+        frame_vectors = torch.stack(vectors)[None]
+        outputs, self.decoder_state = self.model.decode(frame_vectors, torch.cat(positions)[None].to(self.device), self.decoder_state)
+        features = self.model.denormalise(outputs)
+        audio, self.vocoder_state = vocoder.synthesize(features, self.vocoder_state)
+        self.samples_out += audio.shape[1]
+        self.word_marks += [e for e in events if isinstance(e, WordMark)]
+        return events + [Audio(to_int16(audio[0]), SAMPLE_RATE)]
+
+    def events(self) -> Iterator[TtsEvent]:
+        """Everything ready now, chunk by chunk."""
+        while True:
+            chunk = self.pull()
+            if not chunk:
+                return
+            yield from chunk
+
+
+def to_int16(audio: Tensor) -> np.ndarray:
+    return (audio.clamp(-1, 1) * 32767).round().to(torch.int16).cpu().numpy()
+
+
+def synthesize_offline(model: TtsModel, text: str) -> tuple[np.ndarray, list[WordMark]]:
+    """Whole text at once through the same Synthesizer -> (int16 audio, word marks)."""
+    synth = Synthesizer(model)
+    synth.push_text(text)
+    synth.end()
+    pieces = [e.pcm for e in synth.events() if isinstance(e, Audio)]
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+    return audio, synth.word_marks
+
+
+@torch.no_grad()
+def synthesize_parallel(model: TtsModel, ids: list[int]) -> np.ndarray:
+    """The fully parallel path (training-style forward with predicted durations): float audio.
+    Used to check the streaming path against, and for fast evaluation."""
+    k = model.config.lookahead
+    tensor = torch.tensor([ids + [END_ID] * k])
+    vectors, _, _ = model.encode(tensor, model.encoder.initial_state(1), model.initial_history(1))
+    vectors = vectors[:, k:]
+    durations = round_durations(model.durations(vectors))
+    frame_vectors, positions = expand_frames(vectors, durations)
+    outputs, _ = model.decode(frame_vectors, positions, model.decoder.initial_state(1))
+    audio, _ = vocoder.synthesize(model.denormalise(outputs))
+    return audio[0].numpy()
+
+
+class TtsStream:
+    """engine.interface.TtsStream over a Synthesizer: push_text/end/cancel from any thread,
+    `events()` renders on a worker thread so the event loop never blocks on torch."""
+
+    def __init__(self, model: TtsModel) -> None:
+        self.synth = Synthesizer(model)
+        self._lock = threading.Lock()
+
+    def push_text(self, delta: str) -> None:
+        with self._lock:
+            self.synth.push_text(delta)
+
+    def end(self) -> None:
+        with self._lock:
+            self.synth.end()
+
+    def cancel(self) -> None:
+        self.synth.cancel()  # takes effect at the next chunk boundary
+
+    async def events(self) -> AsyncIterator[TtsEvent]:
+        loop = asyncio.get_running_loop()
+        while not self.synth.done:
+            chunk = await loop.run_in_executor(None, self._pull)
+            if self.synth.cancelled:
+                return
+            if chunk:
+                for event in chunk:
+                    yield event
+            else:
+                await asyncio.sleep(0.005)  # waiting for more text
+
+    def _pull(self) -> list[TtsEvent]:
+        with self._lock:
+            return self.synth.pull()
+
+
+def load_model(path: Optional[Path] = None, device: str = "cpu") -> TtsModel:
+    """The shipped TTS weights, or a .safetensors / training checkpoint (.pt) by path."""
+    path = Path(path) if path else SHIPPED_WEIGHTS
+    if path.suffix == ".pt":
+        if not path.exists():
+            raise FileNotFoundError(f"no TTS checkpoint at {path}")
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        model = TtsModel(TtsConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    else:
+        state = weights.load_state(path, device)
+        model = TtsModel(TtsConfig(**weights.read_metadata(path)[0]))
+        model.load_state_dict(state)
+    return model.to(device).eval()

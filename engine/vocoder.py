@@ -1,0 +1,211 @@
+"""Source-filter vocoder in pure PyTorch: harmonics + shaped noise, streaming and batchable.
+
+One frame (HOP samples, 11.6 ms) of vocoder features is
+
+    log_f0 (ln Hz; meaningless when unvoiced) | voiced (0/1) | envelope (N_BANDS log powers) |
+    aperiodicity (N_AP band ratios in [0, 1])
+
+computed from teacher audio by WORLD analysis (harvest f0, cheaptrick envelope, d4c
+aperiodicity; engine/train/tts_data.py) and squeezed into mel bands. Synthesis:
+
+- harmonics: a sum of cosines at k * f0 with the phase carried across frames, amplitude
+  sqrt(envelope * (1 - aperiodicity)) at each harmonic's frequency;
+- noise: counter-based white noise (so streaming == offline, bit for bit), filtered per
+  frame by sqrt(envelope * aperiodicity) in the FFT domain, Hann overlap-add;
+- parameters are interpolated from the previous frame to the current one across a hop,
+  so frame t sounds in samples [t * HOP, (t + 1) * HOP) with no lookahead.
+
+State per stream (VocoderState): phase, the previous frame's f0 and harmonic amplitudes,
+the noise overlap-add tail; a few KiB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+SAMPLE_RATE = 22050  # Piper joe's rate: the teacher has nothing above 11 kHz to learn
+HOP = 256  # samples per frame (11.6 ms): Piper's hop, so teacher durations are whole frames
+N_FFT = 1024  # WORLD analysis FFT size (cheaptrick) -> 513 bins
+N_BANDS = 60  # mel bands of the log spectral envelope
+N_AP = 6  # aperiodicity bands
+AP_EDGES_HZ = (0, 500, 1000, 2000, 4000, 6000, SAMPLE_RATE // 2)
+N_HARMONICS = 160  # enough to reach Nyquist for f0 >= 69 Hz
+NOISE_FFT = 2 * HOP  # noise frames: Hann window of 2 hops, 50 % overlap
+F0_FLOOR, F0_CEIL = 60.0, 400.0
+N_FEATURES = 2 + N_BANDS + N_AP
+LOG_FLOOR = 1e-10  # power floor before the log
+HARMONIC_GAIN = 1.28  # fitted: log frame energies match the teacher (bench/tts_vocoder_ceiling.py --calibrate)
+NOISE_GAIN = 0.185  # fitted likewise on unvoiced frames
+
+
+def _mel(hz):
+    return 1127.0 * np.log1p(np.asarray(hz, dtype=np.float64) / 700.0)
+
+
+def _imel(mel):
+    return 700.0 * np.expm1(np.asarray(mel, dtype=np.float64) / 1127.0)
+
+
+def band_centers_hz() -> np.ndarray:
+    """Centre frequency of each envelope band (mel-spaced from 0 to Nyquist)."""
+    return _imel(np.linspace(0, _mel(SAMPLE_RATE / 2), N_BANDS))
+
+
+def band_matrix() -> np.ndarray:
+    """[N_BANDS, N_FFT/2+1] triangular mel weights (rows sum to 1): spectrum -> band averages."""
+    bins = np.linspace(0, SAMPLE_RATE / 2, N_FFT // 2 + 1)
+    centers = band_centers_hz()
+    edges = np.concatenate([[centers[0] - (centers[1] - centers[0])], centers, [centers[-1] + (centers[-1] - centers[-2])]])
+    weights = np.zeros((N_BANDS, len(bins)))
+    for i in range(N_BANDS):
+        lo, mid, hi = edges[i], edges[i + 1], edges[i + 2]
+        weights[i] = np.clip(np.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid)), 0, None)
+    weights[weights.sum(1) == 0, 0] = 1.0
+    return weights / weights.sum(1, keepdims=True)
+
+
+def ap_band_of_bins(n_bins: int = N_FFT // 2 + 1) -> np.ndarray:
+    """Band index of every FFT bin for the aperiodicity bands."""
+    bins = np.linspace(0, SAMPLE_RATE / 2, n_bins)
+    return np.clip(np.searchsorted(np.array(AP_EDGES_HZ[1:-1]), bins, side="right"), 0, N_AP - 1)
+
+
+def _interp_bands(log_bands: Tensor, freqs: Tensor) -> Tensor:
+    """Linear interpolation of per-band log powers [B, N_BANDS] at frequencies [B, K] (Hz)."""
+    mel = 1127.0 * torch.log1p(freqs.clamp(min=0) / 700.0)
+    step = float(_mel(SAMPLE_RATE / 2)) / (N_BANDS - 1)
+    pos = (mel / step).clamp(0, N_BANDS - 1 - 1e-4)
+    left = pos.floor().long()
+    frac = pos - left
+    lo = torch.gather(log_bands, 1, left)
+    hi = torch.gather(log_bands, 1, left + 1)
+    return lo + frac * (hi - lo)
+
+
+def _ap_at(ap: Tensor, freqs: Tensor) -> Tensor:
+    """Aperiodicity of band containing each frequency [B, K]."""
+    edges = torch.tensor(AP_EDGES_HZ[1:-1], dtype=freqs.dtype, device=freqs.device)
+    index = torch.bucketize(freqs.contiguous(), edges, right=True).clamp(max=N_AP - 1)
+    return torch.gather(ap, 1, index)
+
+
+def counter_noise(start: Tensor, n: int) -> Tensor:
+    """Deterministic white noise for samples start..start+n-1 of each stream ([B] -> [B, n]),
+    uniform in [-sqrt(3), sqrt(3)] (unit variance); depends only on the sample index."""
+    index = (start[:, None] + torch.arange(n, device=start.device)[None]).double()
+    x = torch.frac(torch.sin(index * 12.9898 + 78.233) * 43758.5453)
+    return ((x.float() * 2 - 1) * math.sqrt(3.0))
+
+
+@dataclass
+class VocoderState:
+    phase: Tensor  # [B] radians of the fundamental, fp64
+    f0: Tensor  # [B] previous frame's f0 (Hz, 0 = unvoiced)
+    amps: Tensor  # [B, N_HARMONICS] previous frame's harmonic amplitudes
+    noise_tail: Tensor  # [B, NOISE_FFT - HOP] overlap-add memory
+    sample: Tensor  # [B] int64 samples produced so far (noise counter)
+
+    @staticmethod
+    def zeros(batch: int, device=None) -> "VocoderState":
+        return VocoderState(torch.zeros(batch, dtype=torch.float64, device=device),
+                            torch.zeros(batch, device=device), torch.zeros(batch, N_HARMONICS, device=device),
+                            torch.zeros(batch, NOISE_FFT - HOP, device=device),
+                            torch.zeros(batch, dtype=torch.long, device=device))
+
+    def select(self, index) -> "VocoderState":
+        return VocoderState(*(t[index] for t in (self.phase, self.f0, self.amps, self.noise_tail, self.sample)))
+
+
+def split_features(features: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """[..., N_FEATURES] -> f0 Hz (0 when unvoiced), voiced, log envelope bands, aperiodicity."""
+    voiced = (features[..., 1] > 0.5).float()
+    f0 = torch.exp(features[..., 0]).clamp(F0_FLOOR, F0_CEIL) * voiced
+    envelope = features[..., 2:2 + N_BANDS]
+    ap = features[..., 2 + N_BANDS:].clamp(0.0, 1.0)
+    return f0, voiced, envelope, ap
+
+
+_WINDOW: dict = {}
+
+
+def _noise_filter(envelope: Tensor, ap: Tensor, voiced: Tensor) -> Tensor:
+    """Per-frame magnitude response for the noise, [B, NOISE_FFT/2+1]."""
+    freqs = torch.linspace(0, SAMPLE_RATE / 2, NOISE_FFT // 2 + 1, device=envelope.device).expand(envelope.shape[0], -1)
+    power = torch.exp(_interp_bands(envelope, freqs))
+    ratio = torch.where(voiced[:, None] > 0, _ap_at(ap, freqs), torch.ones_like(freqs))
+    return torch.sqrt(power * ratio)
+
+
+SYNTH_CHUNK = 8  # frames vectorised at once: larger chunks only grow the temporaries
+
+
+@torch.no_grad()
+def synthesize(features: Tensor, state: VocoderState | None = None) -> tuple[Tensor, VocoderState]:
+    """Frames [B, T, N_FEATURES] -> (audio [B, T * HOP], state after the last frame).
+
+    Any split of the frames into calls gives the same samples (up to float rounding): the
+    state carries everything a frame needs from the past.
+    """
+    batch, device = features.shape[0], features.device
+    state = state if state is not None else VocoderState.zeros(batch, device)
+    pieces = [torch.zeros(batch, 0, device=device)]
+    for start in range(0, features.shape[1], SYNTH_CHUNK):
+        audio, state = _synthesize_chunk(features[:, start:start + SYNTH_CHUNK], state)
+        pieces.append(audio)
+    return torch.cat(pieces, dim=1), state
+
+
+def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, VocoderState]:
+    batch, frames, device = features.shape[0], features.shape[1], features.device
+    f0, voiced, envelope, ap = split_features(features.float())  # [B, T], [B, T], [B, T, N], [B, T, A]
+    harmonics = torch.arange(1, N_HARMONICS + 1, device=device, dtype=torch.float32)
+    freqs = f0[..., None] * harmonics  # [B, T, K]
+    flat = lambda x: x.reshape(batch * frames, -1)  # noqa: E731
+    power = torch.exp(_interp_bands(flat(envelope), flat(freqs))).view(batch, frames, -1)
+    aperiodic = _ap_at(flat(ap), flat(freqs)).view(batch, frames, -1)
+    below_nyquist = (freqs < SAMPLE_RATE / 2 - 200).float() * voiced[..., None]
+    # The envelope is a power density: each harmonic carries the power of one f0-wide band,
+    # A² ∝ P f0 (measured: the teacher/synth energy ratio tracks f0^-1.2 with A ∝ P^½ f0).
+    amps = torch.sqrt(power * (1 - aperiodic) * 2 * f0[..., None] / SAMPLE_RATE) * HARMONIC_GAIN * below_nyquist
+
+    # Parameters glide linearly from the previous frame to this one across the hop; an onset
+    # or offset keeps the voiced frame's f0 so the glide never sweeps from 0 Hz.
+    prev_f0 = torch.cat([state.f0[:, None], f0[:, :-1]], dim=1)
+    prev_amps = torch.cat([state.amps[:, None], amps[:, :-1]], dim=1)
+    start_f0 = torch.where(prev_f0 > 0, prev_f0, f0)
+    end_f0 = torch.where(f0 > 0, f0, start_f0)
+    ramp = torch.arange(1, HOP + 1, device=device, dtype=torch.float32) / HOP  # [HOP]
+    f0_track = start_f0[..., None] + (end_f0 - start_f0)[..., None] * ramp  # [B, T, HOP]
+    phase = state.phase[:, None] + torch.cumsum(2 * math.pi * f0_track.reshape(batch, -1).double() / SAMPLE_RATE, dim=1)
+    phase_f = torch.remainder(phase, 2 * math.pi).float().view(batch, frames, HOP)
+    active = ((amps.abs().amax(dim=(0, 1)) > 0) | (prev_amps.abs().amax(dim=(0, 1)) > 0)).nonzero().flatten()
+    if len(active):
+        k = int(active[-1]) + 1
+        amp_track = prev_amps[:, :, None, :k] + (amps - prev_amps)[:, :, None, :k] * ramp[:, None]  # [B, T, HOP, k]
+        harmonic = (torch.cos(phase_f[..., None] * harmonics[:k]) * amp_track).sum(-1)
+    else:
+        harmonic = torch.zeros(batch, frames, HOP, device=device)
+
+    # Noise: each frame windows a NOISE_FFT block starting at its hop, shapes it, overlap-adds.
+    key = (device, NOISE_FFT)
+    if key not in _WINDOW:
+        _WINDOW[key] = torch.hann_window(NOISE_FFT, periodic=True, device=device)
+    starts = state.sample[:, None] + HOP * torch.arange(frames, device=device)
+    noise = counter_noise(starts.reshape(-1), NOISE_FFT).view(batch, frames, NOISE_FFT) * _WINDOW[key]
+    response = _noise_filter(flat(envelope), flat(ap), voiced.reshape(-1)).view(batch, frames, -1)
+    blocks = torch.fft.irfft(torch.fft.rfft(noise) * response * NOISE_GAIN, n=NOISE_FFT)  # [B, T, 2 HOP]
+    tails = torch.cat([state.noise_tail[:, None], blocks[:, :-1, HOP:]], dim=1)
+    audio = (harmonic + blocks[..., :HOP] + tails).reshape(batch, frames * HOP)
+    new_state = VocoderState(torch.remainder(phase[:, -1], 2 * math.pi), f0[:, -1], amps[:, -1],
+                             blocks[:, -1, HOP:].contiguous(), state.sample + frames * HOP)
+    return audio, new_state
+
+
+def synthesize_frame(features: Tensor, state: VocoderState) -> tuple[Tensor, VocoderState]:
+    """One frame [B, N_FEATURES] -> (HOP samples [B, HOP], new state): the per-tick step."""
+    return synthesize(features[:, None], state)

@@ -1,0 +1,139 @@
+"""Streaming TTS (engine/tts.py, engine/vocoder.py) with a small random model: the contracts,
+not the voice. The shipped-weights test skips when engine/weights/tts.safetensors is absent."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from engine import vocoder
+from engine.interface import Audio, TtsStream as TtsStreamProtocol, WordMark
+from engine.text import normalize_text, phonemize, spoken_words
+from engine.tts import (CHUNK_FRAMES, HOP, SHIPPED_WEIGHTS, Synthesizer, TtsConfig, TtsModel, TtsStream, load_model,
+                        synthesize_offline, synthesize_parallel)
+
+TEXT = "Sure, your order 4512 ships on Monday. The total is $12.50, anything else?"
+
+
+@pytest.fixture(scope="module")
+def model() -> TtsModel:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    return TtsModel(TtsConfig(width=32, encoder_depth=2, decoder_depth=2, lookahead=4)).eval()
+
+
+def run(model: TtsModel, pieces: list[str]) -> tuple[np.ndarray, list[WordMark]]:
+    synth = Synthesizer(model)
+    audio, marks = [], []
+    for piece in pieces:
+        synth.push_text(piece)
+        for event in synth.events():
+            (audio.append(event.pcm) if isinstance(event, Audio) else marks.append(event))
+    synth.end()
+    for event in synth.events():
+        (audio.append(event.pcm) if isinstance(event, Audio) else marks.append(event))
+    return (np.concatenate(audio) if audio else np.zeros(0, np.int16)), marks
+
+
+def test_streaming_equals_offline(model):
+    offline, offline_marks = synthesize_offline(model, TEXT)
+    streamed, marks = run(model, list(TEXT))
+    assert len(offline) > 0 and len(streamed) == len(offline)
+    assert np.abs(streamed.astype(np.int32) - offline).max() <= 2  # int16 LSBs of float rounding
+    assert marks == offline_marks
+
+
+def test_stream_matches_parallel_forward(model):
+    offline, _ = synthesize_offline(model, TEXT)
+    parallel = synthesize_parallel(model, phonemize(normalize_text(TEXT))[0].ids)
+    assert len(parallel) == len(offline)
+    assert np.abs(np.clip(parallel, -1, 1) * 32767 - offline).max() < 50  # chunked scan vs one scan
+
+
+def test_word_marks_are_monotonic_and_cover_every_word(model):
+    audio, marks = run(model, [w + " " for w in TEXT.split(" ")])
+    words = spoken_words(normalize_text(TEXT))
+    assert [m.word for m in marks] == words
+    offsets = [m.sample_offset for m in marks]
+    assert offsets == sorted(offsets) and 0 <= offsets[0] and offsets[-1] < len(audio)
+
+
+def test_cancel_stops_within_one_chunk(model):
+    synth = Synthesizer(model)
+    synth.push_text(TEXT * 3)
+    synth.end()
+    first = synth.pull()
+    assert any(isinstance(e, Audio) for e in first)
+    synth.cancel()
+    assert synth.pull() == [] and synth.done
+    synth.push_text("more text after cancel")  # ignored, no error
+    assert list(synth.events()) == []
+    assert all(len(e.pcm) <= CHUNK_FRAMES * HOP for e in first if isinstance(e, Audio))  # one chunk at most
+
+
+def test_async_stream_protocol_and_cancel(model):
+    stream = TtsStream(model)
+    assert isinstance(stream, TtsStreamProtocol)
+
+    async def main():
+        stream.push_text("Hello there. How can I help you today? ")
+        stream.end()
+        got = []
+        async for event in stream.events():
+            got.append(event)
+            if sum(isinstance(e, Audio) for e in got) == 2:
+                stream.cancel()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), timeout=120))
+    assert sum(isinstance(e, Audio) for e in got) == 2
+
+
+@pytest.mark.parametrize("hostile", ["", "   ", "😀" * 100, "<speak>x</speak>", "\x00\x1b", "你好", "9" * 200,
+                                     "...!!!", "word " * 300])
+def test_hostile_text_never_crashes(model, hostile):
+    audio, marks = run(model, [hostile])
+    assert audio.dtype == np.int16
+    assert len(marks) == len(spoken_words(normalize_text(hostile))) or len(hostile) > 1000
+
+
+def test_vocoder_chunking_is_exact():
+    torch.manual_seed(1)
+    features = torch.randn(2, 37, vocoder.N_FEATURES)
+    features[..., 0] = torch.log(torch.tensor(120.0)) + 0.2 * features[..., 0]
+    features[..., 1] = (features[..., 1] > 0).float()
+    features[..., 2:2 + vocoder.N_BANDS] = features[..., 2:2 + vocoder.N_BANDS] - 12
+    features[..., 2 + vocoder.N_BANDS:] = features[..., 2 + vocoder.N_BANDS:].sigmoid()
+    whole, _ = vocoder.synthesize(features)
+    state, pieces = None, []
+    for size in (1, 5, 3, 11, 17):
+        start = sum(p.shape[1] for p in pieces) // vocoder.HOP
+        piece, state = vocoder.synthesize(features[:, start:start + size], state)
+        pieces.append(piece)
+    assert torch.allclose(torch.cat(pieces, 1), whole, atol=1e-5)
+    assert torch.isfinite(whole).all()
+
+
+def state_bytes(synth: Synthesizer) -> int:
+    tensors = [synth.history] + [t for s in synth.encoder_state + synth.decoder_state for t in (s.conv, s.h)]
+    v = synth.vocoder_state
+    tensors += [v.phase, v.f0, v.amps, v.noise_tail, v.sample]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_per_stream_state_is_bounded():
+    synth = Synthesizer(TtsModel(TtsConfig()))  # the shipped size
+    before = state_bytes(synth)
+    synth.push_text("A sentence to move the state along. ")
+    synth.end()
+    list(synth.events())
+    assert state_bytes(synth) == before <= 2 * 1024 * 1024
+
+
+@pytest.mark.skipif(not SHIPPED_WEIGHTS.exists(), reason="no engine/weights/tts.safetensors yet (train with engine/train/train_tts.py)")
+def test_shipped_weights_speak():
+    model = load_model()
+    audio, marks = synthesize_offline(model, "Thank you for calling.")
+    assert len(audio) > 0.3 * vocoder.SAMPLE_RATE and len(marks) == 4
+    assert np.abs(audio).max() > 100
