@@ -229,15 +229,4 @@ def load_model(path: Optional[Path] = None, device: str = "cpu") -> SttModel:
 
     Raises FileNotFoundError naming the path when there are no weights (not trained yet).
     """
-    path = Path(path) if path else SHIPPED_WEIGHTS
-    if path.suffix == ".pt":
-        if not path.exists():
-            raise FileNotFoundError(f"no STT checkpoint at {path}")
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-        model = SttModel(SttConfig(**checkpoint["model_config"]))
-        model.load_state_dict(checkpoint["model"])
-    else:
-        state = weights.load_state(path, device)
-        model = SttModel(SttConfig(**weights.read_metadata(path)[0]))
-        model.load_state_dict(state)
-    return model.to(device).eval()
+    return weights.load_model(SttModel, SttConfig, Path(path) if path else SHIPPED_WEIGHTS, device)

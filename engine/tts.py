@@ -345,15 +345,4 @@ class TtsStream:
 
 def load_model(path: Optional[Path] = None, device: str = "cpu") -> TtsModel:
     """The shipped TTS weights, or a .safetensors / training checkpoint (.pt) by path."""
-    path = Path(path) if path else SHIPPED_WEIGHTS
-    if path.suffix == ".pt":
-        if not path.exists():
-            raise FileNotFoundError(f"no TTS checkpoint at {path}")
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-        model = TtsModel(TtsConfig(**checkpoint["model_config"]))
-        model.load_state_dict(checkpoint["model"])
-    else:
-        state = weights.load_state(path, device)
-        model = TtsModel(TtsConfig(**weights.read_metadata(path)[0]))
-        model.load_state_dict(state)
-    return model.to(device).eval()
+    return weights.load_model(TtsModel, TtsConfig, Path(path) if path else SHIPPED_WEIGHTS, device)

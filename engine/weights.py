@@ -39,3 +39,20 @@ def load_state(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}; train them with the recipe in engine/train/")
     return load_file(str(path), device=device)
+
+
+def load_model(model_class: type, config_class: type, path: Path, device: str = "cpu") -> torch.nn.Module:
+    """A model from a shipped .safetensors file or a training checkpoint (.pt), in eval mode.
+
+    Raises FileNotFoundError naming the path when there is no such file (not trained yet).
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"no {model_class.__name__} weights at {path}")
+    if path.suffix == ".pt":
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        config, state = checkpoint["model_config"], checkpoint["model"]
+    else:
+        config, state = read_metadata(path)[0], load_state(path, device)
+    model = model_class(config_class(**config))
+    model.load_state_dict(state)
+    return model.to(device).eval()

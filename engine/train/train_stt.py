@@ -16,9 +16,7 @@ mean WER is kept as out_dir/best.pt.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch.nn.functional as F
 from engine import weights
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
 from engine.stt import SttConfig, SttModel, encode_text, transcribe
+from engine.train.checkpoints import log, save_checkpoint
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
 
@@ -178,20 +177,6 @@ def evaluate_folders(model: SttModel, cfg: dict) -> dict[str, float]:
             results[folder.name] = round(word_error_rate(refs, hyps), 4)
     model.train()
     return results
-
-
-def save_checkpoint(path: Path, model, optimizer, step: int, best: float, cfg: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "best_wer": best, "settings": cfg, "model_config": model.config_dict()}, tmp)
-    os.replace(tmp, path)  # never leave a half-written checkpoint
-
-
-def log(out: Path, record: dict) -> None:
-    record = {"time": round(time.time(), 1), **record}
-    with open(out / "train.log", "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps(record), flush=True)
 
 
 def export_best(cfg: dict) -> None:

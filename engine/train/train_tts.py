@@ -17,9 +17,7 @@ kept as out_dir/best.pt. Progress: out_dir/train.log, JSON lines.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import sys
 import time
@@ -31,6 +29,7 @@ import torch.nn.functional as F
 
 from engine import vocoder, weights
 from engine.tts import END_ID, TtsConfig, TtsModel, synthesize_parallel
+from engine.train.checkpoints import log, save_checkpoint
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
 
@@ -190,20 +189,6 @@ def evaluate(model: TtsModel, cfg: dict) -> float:
         hyps.append(normalize_for_wer(judge(audio)))
     model.train()
     return word_error_rate(refs, hyps) if refs else float("nan")
-
-
-def save_checkpoint(path: Path, model, optimizer, step: int, best: float, cfg: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "best_wer": best, "settings": cfg, "model_config": model.config_dict()}, tmp)
-    os.replace(tmp, path)  # never leave a half-written checkpoint
-
-
-def log(out: Path, record: dict) -> None:
-    record = {"time": round(time.time(), 1), **record}
-    with open(out / "train.log", "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps(record), flush=True)
 
 
 def load_checkpoint_model(path: Path) -> tuple[TtsModel, dict]:
