@@ -32,7 +32,9 @@ MAX_PENDING_WRITES = 10_000  # write-behind queue bound
 MAX_RECENT_SESSIONS = 1024  # ended sessions kept locally, so a same-node resume works during an outage
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0  # write-behind retry backoff while the store is away
 TAKEOVER_POLL_S = 0.1
-EPHEMERAL_EVENTS = frozenset({"call.stats", "pong"})  # not logged for replay: stale on arrival
+EPHEMERAL_EVENTS = frozenset({"call.stats", "pong", "session.migrate", "session.ended"})
+# ^ not logged for replay: stale on arrival, or about the connection that ended (replaying a
+#   session.ended or session.migrate would end or move the new one; migrate also holds a token)
 
 LeaseLostHandler = Callable[[str], Awaitable[None]]
 

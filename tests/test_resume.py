@@ -88,7 +88,13 @@ async def test_resume_replaces_a_call_the_node_still_thinks_alive(start_gateway,
     assert gateway.registry.by_session[first.response["session_id"]].call_id == second.response["call_id"]
     await second.wait_connected(DEADLINE_S)
     await first.close()
-    await second.hang_up(http)
+    await second.close()
+    await wait_until(lambda: not gateway.registry.by_session, "the second call closing")
+    third = await connect(gateway.url, http, resume_token=first.response["resume_token"], last_seq=0)
+    replayed = {e["type"] for e in third.events if e["seq"] < third.events[-1]["seq"]}
+    assert not replayed & {"session.ended", "session.migrate", "call.stats", "pong"}, \
+        "events about an ended connection are never replayed to a new one"
+    await third.hang_up(http)
 
 
 async def test_a_silent_peer_is_closed_quickly_and_can_resume(start_gateway, http):
