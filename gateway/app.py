@@ -216,10 +216,9 @@ class CallRegistry:
                       hang_up: Any) -> Conversation:
         """The conversation keeps its history in the session record, so a resume finds it."""
         record = session.record
-        conversation: Optional[Conversation] = None
 
-        def saved() -> None:
-            record.in_progress = conversation.in_progress if conversation else record.in_progress
+        def saved() -> None:  # called only after construction, so `conversation` is bound
+            record.in_progress = conversation.in_progress
             self.keeper.save(record.session_id)
 
         conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),

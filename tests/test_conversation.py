@@ -351,11 +351,16 @@ class SlowResponder(Responder):
             raise
 
 
-async def test_a_stable_partial_starts_the_responder_before_the_turn_ends(harness):
+def caller_talking_to_a_slow_responder(harness) -> tuple[Harness, SlowResponder]:
     responder = SlowResponder()
     h = harness(responder, history=[Turn("user", "hi")], idle_prompt_s=60)
     h.start()
     h.conversation.on_stt_event(SpeechStart(0.1))
+    return h, responder
+
+
+async def test_a_stable_partial_starts_the_responder_before_the_turn_ends(harness):
+    h, responder = caller_talking_to_a_slow_responder(harness)
     h.conversation.on_stt_event(Partial("what time is it"))
     await asyncio.sleep(SlowResponder.THINK_S + 0.5)  # the partial stays stable meanwhile
     assert responder.asked == ["what time is it"], "the responder started on the stable partial"
@@ -371,10 +376,7 @@ async def test_a_stable_partial_starts_the_responder_before_the_turn_ends(harnes
 
 
 async def test_when_the_caller_says_more_the_early_attempt_is_dropped_unheard(harness):
-    responder = SlowResponder()
-    h = harness(responder, history=[Turn("user", "hi")], idle_prompt_s=60)
-    h.start()
-    h.conversation.on_stt_event(SpeechStart(0.1))
+    h, responder = caller_talking_to_a_slow_responder(harness)
     h.conversation.on_stt_event(Partial("what time"))
     deadline = time.monotonic() + DEADLINE_S
     while not responder.asked:

@@ -1,4 +1,5 @@
-"""What every training recipe here shares: atomic checkpoints and a JSON-lines log."""
+"""What every training recipe here shares: --name=value settings, atomic checkpoints and a
+JSON-lines log."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def apply_overrides(settings: dict, argv: list[str]) -> dict:
+    """--name=value arguments override a recipe's settings (nanoGPT's configurator, minus exec);
+    a tuple setting takes comma-separated numbers."""
+    config = dict(settings)
+    for arg in argv:
+        name, _, raw = arg.lstrip("-").partition("=")
+        if name not in config:
+            raise SystemExit(f"unknown setting {name!r}; settings: {', '.join(sorted(config))}")
+        kind = type(config[name])
+        config[name] = tuple(float(x) for x in raw.split(",")) if kind is tuple else kind(raw)
+    return config
 
 
 def save_checkpoint(path: Path, model, optimizer, step: int, best: float, cfg: dict) -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from engine import weights
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
 from engine.stt import SttConfig, SttModel, encode_text, transcribe
-from engine.train.checkpoints import log, save_checkpoint
+from engine.train.checkpoints import apply_overrides, log, save_checkpoint
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
 
@@ -68,18 +68,6 @@ export = 0
 SHIPPED = weights.WEIGHTS_DIR / "stt.safetensors"
 SETTINGS = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and isinstance(v, (int, float, str, tuple))
             and k not in ("SHIPPED", "SAMPLE_RATE", "HOP_LENGTH", "N_FFT", "FRAMES_PER_STEP")}
-
-
-def apply_overrides(argv: list[str]) -> dict:
-    """--name=value arguments override the settings above (nanoGPT's configurator, minus exec)."""
-    config = dict(SETTINGS)
-    for arg in argv:
-        name, _, raw = arg.lstrip("-").partition("=")
-        if name not in config:
-            raise SystemExit(f"unknown setting {name!r}; settings: {', '.join(sorted(config))}")
-        kind = type(config[name])
-        config[name] = tuple(float(x) for x in raw.split(",")) if kind is tuple else kind(raw)
-    return config
 
 
 def model_frames(n_samples: int) -> int:
@@ -196,7 +184,7 @@ def export_best(cfg: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    cfg = apply_overrides(argv)
+    cfg = apply_overrides(SETTINGS, argv)
     if cfg["export"]:
         return export_best(cfg)
     from engine.train.stt_data import SttDataset

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from engine import vocoder, weights
 from engine.tts import END_ID, TtsConfig, TtsModel, synthesize_parallel
-from engine.train.checkpoints import log, save_checkpoint
+from engine.train.checkpoints import apply_overrides, log, save_checkpoint
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
 
@@ -68,17 +68,6 @@ export = 0
 SHIPPED = weights.WEIGHTS_DIR / "tts.safetensors"
 SETTINGS = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and isinstance(v, (int, float, str))
             and k not in ("SHIPPED", "END_ID")}
-
-
-def apply_overrides(argv: list[str]) -> dict:
-    """--name=value arguments override the settings above (nanoGPT's configurator, minus exec)."""
-    config = dict(SETTINGS)
-    for arg in argv:
-        name, _, raw = arg.lstrip("-").partition("=")
-        if name not in config:
-            raise SystemExit(f"unknown setting {name!r}; settings: {', '.join(sorted(config))}")
-        config[name] = type(config[name])(raw)
-    return config
 
 
 def load_shards(folder: str) -> list[dict]:
@@ -214,7 +203,7 @@ def export_best(cfg: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    cfg = apply_overrides(argv)
+    cfg = apply_overrides(SETTINGS, argv)
     torch.set_num_threads(cfg["threads"])
     if cfg["export"]:
         return export_best(cfg)
