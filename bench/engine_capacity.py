@@ -1,13 +1,15 @@
-"""Engine capacity: how many concurrent STT streams one batched Runtime carries in real time.
+"""Engine capacity: how many concurrent full-duplex calls one batched Runtime carries in real time.
 
 How it runs
 -----------
 One Runtime (engine/runtime.py) with its own tick thread, as the gateway runs it, over the
-shipped STT weights or, when there are none yet, a randomly initialised model of the shipped
-architecture (SttConfig defaults; speed does not depend on weight values). For each N in
---sizes it opens N streams; a feeder thread pushes every stream 20 ms of audio every 20 ms
-(real time, as the gateway's playout clock does) and drains each stream's events like a
-consumer. After --warm-up seconds the runtime's counters are reset and a --seconds window is
+shipped STT and TTS weights (or, when absent, randomly initialised models of the shipped
+architectures: speed does not depend on weight values). For each N in --sizes it opens N
+calls. Each call listens and speaks at once: a feeder thread pushes its STT stream 20 ms of
+audio every 20 ms (real time, as the gateway's playout clock does) and drains its events,
+and the call speaks replies: a sentence of --texts pushed at once to a TTS stream, its audio
+drained as it comes, then a pause of 0.5-1.5 s, then the next sentence (--no-tts: listening
+only). After --warm-up seconds the runtime's counters are reset and a --seconds window is
 measured; then the streams close and the next N starts. A first, unmeasured row of the
 smallest N warms up allocators and caches so that they do not count as per-stream memory.
 Growing stops after the first row
@@ -25,14 +27,18 @@ Figures per row
   when the window ended; audio that accumulates here is late audio;
 - tick_ms_p50/p99, ticks, late_ticks (ticks longer than the 40 ms budget), mean_batch (rows per
   batched step), feeder_late_ms_p99 (how late the feeder thread itself woke);
-- state_bytes_per_stream (one slot of the preallocated pool) and rss_growth_kb_per_stream
-  (process RSS with N streams open minus before opening, over N: queues, buffers, allocator);
+- ttfa_ms_p50/p95: a reply's text pushed -> its first audio out of the tick (runtime clock),
+  replies: how many started in the window, late_audio_chunks: TTS chunks that came out after
+  the time they would have started playing had the reply played from its first chunk on;
+- state_bytes_per_stream (one call's slots of the preallocated pools: STT + TTS) and
+  rss_growth_kb_per_stream (process RSS with N calls open minus before opening, over N:
+  queues, buffers, allocator);
 - cpu_pct: this process's CPU time over the window, % of one core;
-- within_budget: lag_ms_p95 <= lag budget (2 frames, 80 ms) and behind_ms_end <= lag budget.
-max_streams is the largest N within budget, all smaller sizes within budget too. TTFA fields
-are null: the TTS model is not shipped yet.
+- within_budget: lag_ms_p95 <= lag budget (2 frames, 80 ms), behind_ms_end <= lag budget,
+  ttfa_ms_p95 <= 100 ms and no late audio chunk.
+max_streams is the largest N within budget, all smaller sizes within budget too.
 
-Usage: python bench/engine_capacity.py [--audio DIR] [--device cpu|cuda|auto] [--threads 1] --json
+Usage: python bench/engine_capacity.py [--audio DIR] [--device cpu|cuda|auto] [--threads 1] [--no-tts] --json
 """
 
 from __future__ import annotations
@@ -54,14 +60,18 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from engine import tts  # noqa: E402
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE  # noqa: E402
-from engine.runtime import Runtime, RuntimeSttStream  # noqa: E402
+from engine.runtime import Runtime, RuntimeSttStream, RuntimeTtsStream  # noqa: E402
 from engine.stt import FRAME_S, SHIPPED_WEIGHTS, SttConfig, SttModel, load_model  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
 
 PUSH_S = 0.02  # 20 ms pieces, the gateway's playout clock
 PUSH_SAMPLES = int(PUSH_S * SAMPLE_RATE)
 LAG_BUDGET_S = 2 * FRAME_S  # one tick period of waiting plus one tick of work
+TTFA_BUDGET_S = 0.1
+REPLY_PAUSE_S = (0.5, 1.5)  # between one reply's end and the next reply's text
+DEFAULT_TEXTS = REPO / "bench" / "tts_heldout.txt"
 SYNTH_VOICES, SYNTH_SECONDS = 8, 6.0
 
 
@@ -129,31 +139,63 @@ def frames_behind(stream: RuntimeSttStream) -> int:
     return mels // FRAMES_PER_STEP - stream.decoder.frame
 
 
-class Feeder(threading.Thread):
-    """Pushes 20 ms to every stream every 20 ms and drains their events, like the gateway."""
+class Speaker:
+    """One call's replies: a sentence pushed at once, its audio drained, a pause, the next."""
 
-    def __init__(self, streams: list[RuntimeSttStream], sources: list[Source]) -> None:
+    def __init__(self, runtime: Runtime, name: str, texts: list[str], seed: int) -> None:
+        self.runtime, self.name, self.texts = runtime, name, texts
+        self.rng = np.random.default_rng(seed)
+        self.stream: Optional[RuntimeTtsStream] = None
+        self.next_at = time.perf_counter() + self.rng.uniform(0, REPLY_PAUSE_S[1])  # staggered starts
+        self.failed = 0
+
+    def service(self, now: float) -> None:
+        if self.stream is None:
+            if now >= self.next_at:
+                self.stream = self.runtime.open_tts(self.name)
+                self.stream.push_text(self.texts[int(self.rng.integers(len(self.texts)))])
+                self.stream.end()
+            return
+        self.stream.poll()
+        if self.stream.closed:
+            self.failed += self.stream.error is not None
+            self.stream = None
+            self.next_at = now + self.rng.uniform(*REPLY_PAUSE_S)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+
+
+class Feeder(threading.Thread):
+    """Every 20 ms: 20 ms of audio to every STT stream, events drained, replies serviced."""
+
+    def __init__(self, streams: list[RuntimeSttStream], sources: list[Source], speakers: list[Speaker]) -> None:
         super().__init__(name="feeder", daemon=True)
-        self.streams, self.sources = streams, sources
+        self.streams, self.sources, self.speakers = streams, sources, speakers
         self.lateness: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         due = time.perf_counter()
         while not self.stop.is_set():
-            self.lateness.append(max(0.0, time.perf_counter() - due))
+            now = time.perf_counter()
+            self.lateness.append(max(0.0, now - due))
             for stream, source in zip(self.streams, self.sources):
                 stream.push(source.next(PUSH_SAMPLES))
                 stream.poll()
+            for speaker in self.speakers:
+                speaker.service(now)
             due += PUSH_S
             self.stop.wait(max(0.0, due - time.perf_counter()))
 
 
-def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], args: argparse.Namespace) -> dict:
+def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str], args: argparse.Namespace) -> dict:
     rss_before = rss_bytes()
     streams = [runtime.open_stt(f"bench-{i}") for i in range(n)]
     sources = [Source(clips[i % len(clips)], i * 7919) for i in range(n)]
-    feeder = Feeder(streams, sources)
+    speakers = [Speaker(runtime, f"bench-{i}", texts, seed=i) for i in range(n)] if runtime.tts else []
+    feeder = Feeder(streams, sources, speakers)
     feeder.start()
     time.sleep(args.warm_up)
     runtime.metrics.reset()
@@ -167,10 +209,13 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], args: argparse.Na
     rss_with_streams = rss_bytes()
     feeder.stop.set()
     feeder.join()
-    failed = sum(s.error is not None for s in streams)
+    failed = sum(s.error is not None for s in streams) + sum(speaker.failed for speaker in speakers)
     for stream in streams:
         stream.close()
+    for speaker in speakers:
+        speaker.close()
     lag_p95 = percentile_ms(lags, 95)
+    ttfas = counters["ttfas"]
     row = {
         "n": n, "seconds": round(wall, 2), "frames": counters["frames"],
         "lag_ms_p50": percentile_ms(lags, 50), "lag_ms_p95": lag_p95,
@@ -183,10 +228,13 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], args: argparse.Na
         "state_bytes_per_stream": stats.state_bytes_per_stream,
         "rss_growth_kb_per_stream": round((rss_with_streams - rss_before) / 1024 / n, 1),
         "cpu_pct": round(100 * cpu / wall, 1), "streams_failed": failed,
-        "ttfa_ms_p50": None, "ttfa_ms_p95": None,
+        "ttfa_ms_p50": percentile_ms(ttfas, 50), "ttfa_ms_p95": percentile_ms(ttfas, 95),
+        "replies": len(ttfas), "late_audio_chunks": counters["late_audio_chunks"],
     }
+    speech_ok = not speakers or (bool(ttfas) and row["ttfa_ms_p95"] <= TTFA_BUDGET_S * 1000
+                                 and row["late_audio_chunks"] == 0)
     row["within_budget"] = (failed == 0 and lag_p95 is not None and lag_p95 <= LAG_BUDGET_S * 1000
-                            and behind <= LAG_BUDGET_S)
+                            and behind <= LAG_BUDGET_S and speech_ok)
     return row
 
 
@@ -197,13 +245,22 @@ def build_model(path: Optional[str]) -> tuple[SttModel, str]:
     return SttModel(SttConfig()).eval(), "random init, shipped architecture (no shipped weights yet)"
 
 
+def build_tts_model() -> tuple[tts.TtsModel, str]:
+    if tts.SHIPPED_WEIGHTS.exists():
+        return tts.load_model(), str(tts.SHIPPED_WEIGHTS)
+    torch.manual_seed(0)
+    return tts.TtsModel(tts.TtsConfig()).eval(), "random init, shipped architecture (no shipped weights yet)"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/engine_capacity.py")
     parser.add_argument("--sizes", default="1,4,16,64,256")
-    parser.add_argument("--seconds", type=float, default=6.0, help="measured window per row")
-    parser.add_argument("--warm-up", type=float, default=1.0, help="seconds fed before each window")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured window per row (every call starts a reply in it)")
+    parser.add_argument("--warm-up", type=float, default=2.0, help="seconds fed before each window")
     parser.add_argument("--audio", help="folder of wav files (default: synthesised voices)")
     parser.add_argument("--weights", help="STT weights (default: shipped if present, else random init)")
+    parser.add_argument("--texts", default=str(DEFAULT_TEXTS), help="reply sentences, one per line")
+    parser.add_argument("--no-tts", action="store_true", help="listening only: no replies")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-stop", action="store_true", help="run every size even after a miss")
@@ -214,16 +271,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     load_start = round(os.getloadavg()[0], 2)
 
     model, weights_source = build_model(args.weights)
-    runtime = Runtime(model, max_streams=max(sizes), device=args.device, num_threads=args.threads)
+    tts_model, tts_source = (None, None) if args.no_tts else build_tts_model()
+    runtime = Runtime(model, tts_model=tts_model, max_streams=max(sizes), device=args.device,
+                      num_threads=args.threads)
     runtime.warm_up()
     runtime.start()
     clips = load_audio(args.audio)
+    texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
     rows = []
     try:
-        run_row(runtime, sizes[0], clips, argparse.Namespace(warm_up=0.2, seconds=1.0))  # unmeasured
+        run_row(runtime, sizes[0], clips, texts, argparse.Namespace(warm_up=0.2, seconds=1.0))  # unmeasured
         for n in sizes:
             log(f"N={n}: {args.warm_up:g} s warm-up + {args.seconds:g} s window")
-            rows.append(run_row(runtime, n, clips, args))
+            rows.append(run_row(runtime, n, clips, texts, args))
             log(json.dumps(rows[-1]))
             if not rows[-1]["within_budget"] and not args.no_stop:
                 break
@@ -239,11 +299,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         "dtype": str(runtime.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
         "max_streams": max_streams,
         "tick_budget_ms": FRAME_S * 1000, "lag_budget_ms": LAG_BUDGET_S * 1000,
-        "weights": weights_source, "audio": args.audio or f"{SYNTH_VOICES} synthesised voices",
+        "ttfa_budget_ms": None if args.no_tts else TTFA_BUDGET_S * 1000,
+        "weights": weights_source, "tts_weights": tts_source,
+        "audio": args.audio or f"{SYNTH_VOICES} synthesised voices", "texts": None if args.no_tts else args.texts,
         "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_start": load_start,
                     "load_avg_1m_end": round(os.getloadavg()[0], 2),
                     "platform": platform.platform(), "torch": torch.__version__},
-        "ttfa_note": "TTS is not shipped yet: ttfa_ms_* are null",
         "note": args.note,
         "rows": rows,
     }

@@ -12,8 +12,14 @@ queues audio, so it never blocks the caller's event loop; all model and pool wor
 runtime thread (torch releases the GIL while it computes). Runtime.tick() can also be called
 directly, which is how tests drive it without depending on timing.
 
-Each model joins the tick through a `Stepper`: STT is the only one today; a TTS stepper will
-join the same tick. Admission control compares tick durations with the tick budget (the frame
+Each model joins the tick through a `Stepper`. TTS is the second one:
+
+    push_text ─► inbox ─► phonemes ─► encoder (per stream, a phrase at a time) ─► ready frames
+      ─► every stream that needs audio: next 1..8 frames ─► ONE decoder + vocoder step per
+         chunk size ─► WordMark and Audio events
+
+A reply's first text wakes the loop for an early tick, so time to first audio does not wait
+for the next period. Admission control compares tick durations with the tick budget (the frame
 period) so the gateway can refuse new calls before admitted ones fall behind.
 """
 
@@ -27,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -35,8 +41,10 @@ from torch import Tensor, nn
 
 from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, FrameStacker, StreamingWindows,
                     log_mel_windows, to_finite_float)
-from .interface import SttEvent, TtsStream
+from . import vocoder
+from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import FRAME_S, StreamDecoder, SttModel, frame_outputs, load_model
+from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +127,8 @@ class StatePool:
 
 
 def _rows_like(tensor: Tensor, capacity: int) -> Tensor:
-    dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
+    """Half-precision states are kept in fp32; fp64 ones (the vocoder's phase) and integers as they are."""
+    dtype = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else tensor.dtype
     return torch.zeros(capacity, *tensor.shape[1:], dtype=dtype, device=tensor.device)
 
 
@@ -249,10 +258,12 @@ class StepReport:
     batches: list[int] = field(default_factory=list)  # rows of each batched step, in order
     lags: list[float] = field(default_factory=list)  # per stepped frame, seconds since its audio arrived
     backlog: int = 0  # most model frames any stream still has waiting after the tick
+    ttfas: list[float] = field(default_factory=list)  # TTS: seconds from a reply's first text to its first audio
+    late_audio: list[float] = field(default_factory=list)  # TTS: seconds a chunk came after its playout time
 
 
 class Stepper(Protocol):
-    """One model's part of every tick (STT now, TTS later). Called only from the tick."""
+    """One model's part of every tick (STT, TTS). Called only from the tick."""
 
     def step(self) -> StepReport: ...
 
@@ -266,30 +277,31 @@ class Stepper(Protocol):
     def close_all(self) -> None: ...
 
 
-class SttStepper:
-    """STT's part of a tick: features for all new audio, then per frame index one batched step."""
+class SlotTable:
+    """The slots of one model's state pool: handed out to streams, taken back on close or on a
+    stream's failure. Shared by both steppers; streams carry slot, session_id, closed, error
+    and channel."""
 
-    def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
-                 max_frames_per_tick: int = MAX_FRAMES_PER_TICK) -> None:
-        self.model, self.device, self.dtype = model, device, dtype
-        self.max_streams, self.max_frames_per_tick = max_streams, max_frames_per_tick
-        self.pool = StatePool(model.initial_state(1, device), max_streams)
+    kind = ""  # "STT", "TTS": for messages
+
+    def __init__(self, max_streams: int) -> None:
+        self.max_streams = max_streams
         self.failed = 0
-        self._streams: dict[int, RuntimeSttStream] = {}
+        self._streams: dict[int, Any] = {}
         # A freed slot is reusable at once, even mid-tick: its new stream is zeroed at the start
         # of its first tick, after whatever the tick in flight writes to the old row.
         self._free = list(range(max_streams - 1, -1, -1))  # pop() hands out slot 0 first
         self._lock = threading.Lock()
 
-    def open(self, session_id: str) -> RuntimeSttStream:
+    def _open(self, make: Callable[[int], Any]) -> Any:
         with self._lock:
             if not self._free:
-                raise CapacityError(f"all {self.max_streams} STT slots are in use")
-            stream = RuntimeSttStream(self, session_id, self._free.pop())
+                raise CapacityError(f"all {self.max_streams} {self.kind} slots are in use")
+            stream = make(self._free.pop())
             self._streams[stream.slot] = stream
         return stream
 
-    def release(self, stream: RuntimeSttStream, error: Optional[BaseException] = None) -> None:
+    def release(self, stream: Any, error: Optional[BaseException] = None) -> None:
         """Close a stream (with `error`: failed) and free its slot; idempotent, from any thread."""
         with self._lock:
             if stream.closed:
@@ -299,11 +311,15 @@ class SttStepper:
             self._free.append(stream.slot)
             if error is not None:
                 self.failed += 1
-                stream.error = StreamFailed(f"STT stream {stream.session_id!r} failed: {error!r}")
+                stream.error = StreamFailed(f"{self.kind} stream {stream.session_id!r} failed: {error!r}")
                 stream.error.__cause__ = error
         if error is not None:
-            log.warning("STT stream %s failed: %r", stream.session_id, error)
+            log.warning("%s stream %s failed: %r", self.kind, stream.session_id, error)
         stream.channel.put(stream.error or _END)
+
+    def streams(self) -> list:
+        with self._lock:
+            return list(self._streams.values())
 
     def busy(self) -> bool:
         return bool(self._streams)
@@ -315,8 +331,24 @@ class SttStepper:
         return len(self._free)
 
     def close_all(self) -> None:
-        for stream in list(self._streams.values()):
+        for stream in self.streams():
             self.release(stream)
+
+
+class SttStepper(SlotTable):
+    """STT's part of a tick: features for all new audio, then per frame index one batched step."""
+
+    kind = "STT"
+
+    def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
+                 max_frames_per_tick: int = MAX_FRAMES_PER_TICK) -> None:
+        super().__init__(max_streams)
+        self.model, self.device, self.dtype = model, device, dtype
+        self.max_frames_per_tick = max_frames_per_tick
+        self.pool = StatePool(model.initial_state(1, device), max_streams)
+
+    def open(self, session_id: str) -> RuntimeSttStream:
+        return self._open(lambda slot: RuntimeSttStream(self, session_id, slot))
 
     @torch.no_grad()
     def warm_up(self) -> None:
@@ -329,8 +361,7 @@ class SttStepper:
 
     @torch.no_grad()
     def step(self) -> StepReport:
-        with self._lock:
-            streams = list(self._streams.values())
+        streams = self.streams()
         report = StepReport()
         if streams:
             self._zero_fresh(streams)
@@ -426,6 +457,240 @@ class SttStepper:
             stream.channel.put(event)
 
 
+# -- text-to-speech ---------------------------------------------------------------------------
+
+TTS_FIRST_FRAMES = 4  # a reply's first render: 46 ms of audio, small so that it is out fast
+TTS_FRAMES_PER_TICK = 8  # then up to 93 ms per 40 ms tick: 2.3x real time builds a lead quickly
+TTS_MAX_LEAD_S = 0.4  # a stream this far ahead of its playout clock sits a tick out: others go first
+_END_TEXT = object()  # inbox marker: the reply's text is complete
+
+
+@dataclass
+class LookaheadHistory:
+    """The TTS encoder's last LOOKAHEAD embeddings, as a pool row (TtsModel.encode's `history`)."""
+
+    embeddings: Tensor  # [B, lookahead, width]
+
+
+class RuntimeTtsStream:
+    """One reply's speech on the shared runtime (implements interface.TtsStream).
+
+    push_text/end/cancel only queue and never block; phonemization and every model call run
+    on the runtime thread. The stream ends (events() returns) once its audio is all out; its
+    slot is then free for the next reply.
+    """
+
+    def __init__(self, stepper: "TtsStepper", session_id: str, slot: int, lookahead: int) -> None:
+        self.session_id, self.slot = session_id, slot
+        self.error: Optional[StreamFailed] = None
+        self.closed = self.cancelled = False
+        self._stepper = stepper
+        self._inbox: collections.deque = collections.deque()  # text deltas and _END_TEXT
+        self.channel = EventQueue()
+        self.text_at: Optional[float] = None  # first text pushed: time to first audio counts from here
+        # Runtime-thread side:
+        self.fresh = True
+        self.schedule = Schedule(lookahead)
+        self.playout_origin: Optional[float] = None  # when sample 0 would play if played as it came
+        self.samples_out = 0
+
+    def push_text(self, delta: str) -> None:
+        """Append reply text; a phrase is synthesized as soon as it is stable. Ignored after cancel."""
+        if not isinstance(delta, str):
+            raise TypeError(f"text delta must be str, not {type(delta).__name__}")
+        if self.closed:
+            return
+        if self.text_at is None:
+            self.text_at = time.perf_counter()
+        self._inbox.append(delta)
+        self._stepper.text_arrived(self)
+
+    def end(self) -> None:
+        """No more text: the last phrase is synthesized and then events() ends."""
+        if not self.closed:
+            self._inbox.append(_END_TEXT)
+            self._stepper.text_arrived(self)
+
+    def cancel(self) -> None:
+        """Stop now: no further events, the slot is freed at once."""
+        self.cancelled = True
+        self._stepper.release(self)
+
+    close = cancel
+
+    async def events(self) -> AsyncIterator[TtsEvent]:
+        """WordMark and Audio events in order until the reply is out; raises StreamFailed."""
+        while True:
+            item = await self.channel.get()
+            if item is _END or self.cancelled:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def poll(self) -> list[TtsEvent]:
+        """The events so far, without waiting (for synchronous callers; see .error)."""
+        items = self.channel.get_nowait()
+        return [item for item in items if item is not _END and not isinstance(item, BaseException)]
+
+    # -- runtime-thread side --
+
+    def take_text(self) -> list:
+        items = []
+        while self._inbox:
+            items.append(self._inbox.popleft())
+        return items
+
+    def lead(self, now: float) -> float:
+        """Seconds of audio out beyond what a listener would have heard by `now`."""
+        return self.samples_out / TTS_SAMPLE_RATE - (now - self.playout_origin)
+
+
+class TtsStepper(SlotTable):
+    """TTS's part of a tick: new text of each stream through its encoder, then the next frames
+    of every stream that needs audio through ONE batched decoder + vocoder step per chunk size.
+
+    Chunk sizes are powers of two (1..TTS_FRAMES_PER_TICK), so a tick makes at most a few
+    batched calls however many streams there are. A stream renders TTS_FIRST_FRAMES on its
+    first tick (time to first audio), then TTS_FRAMES_PER_TICK while its lead over real time
+    is under max_lead_s. The model runs in fp32 on every device: it is small, and the
+    vocoder's phase needs the precision.
+    """
+
+    kind = "TTS"
+
+    def __init__(self, model: TtsModel, max_streams: int, device: torch.device,
+                 wake: Callable[[], None] = lambda: None, max_lead_s: float = TTS_MAX_LEAD_S) -> None:
+        super().__init__(max_streams)
+        self.model = model.eval().to(device)
+        self.device, self._wake, self.max_lead_s = device, wake, max_lead_s
+        self.encoder_pool = StatePool(model.encoder.initial_state(1, device)
+                                      + [LookaheadHistory(model.initial_history(1, device))], max_streams)
+        self.decoder_pool = StatePool(model.decoder.initial_state(1, device)
+                                      + [vocoder.VocoderState.zeros(1, device)], max_streams)
+
+    def open(self, session_id: str) -> RuntimeTtsStream:
+        return self._open(lambda slot: RuntimeTtsStream(self, session_id, slot, self.model.config.lookahead))
+
+    def text_arrived(self, stream: RuntimeTtsStream) -> None:
+        """A reply that has not sounded yet gets a tick now rather than at the next period."""
+        if stream.playout_origin is None:
+            self._wake()
+
+    def bytes_per_slot(self) -> int:
+        return self.encoder_pool.bytes_per_slot() + self.decoder_pool.bytes_per_slot()
+
+    def warm_up(self) -> None:
+        """Phonemizer start-up, then a whole sentence offline: the audio must be finite."""
+        audio, _ = synthesize_offline(self.model, "Hello, how can I help?")
+        if len(audio) == 0:
+            raise RuntimeError("TTS warm-up produced no audio")
+
+    @torch.no_grad()
+    def step(self) -> StepReport:
+        streams = self.streams()
+        report = StepReport()
+        if not streams:
+            return report
+        self._zero_fresh(streams)
+        for stream in streams:
+            self._encode_text(stream)
+        chunks: dict[int, list[tuple[RuntimeTtsStream, Tensor, Tensor, list[WordMark]]]] = {}
+        now = time.perf_counter()
+        for stream in streams:
+            if stream.closed:
+                continue
+            size = self._chunk_size(stream, now)
+            vectors, positions, marks = stream.schedule.take(size) if size else (None, None, [])
+            if vectors is None:
+                for mark in marks:  # words on ids of zero frames, before any audio of theirs
+                    stream.channel.put(mark)
+            else:
+                chunks.setdefault(len(vectors), []).append((stream, vectors, positions, marks))
+        for batch in chunks.values():
+            self._render(batch, report)
+        for stream in streams:
+            if not stream.closed and stream.schedule.done and not stream._inbox:
+                self.release(stream)
+        return report
+
+    def _zero_fresh(self, streams: list[RuntimeTtsStream]) -> None:
+        fresh = [s for s in streams if s.fresh]
+        if fresh:
+            slots = torch.tensor([s.slot for s in fresh], device=self.device)
+            self.encoder_pool.zero(slots)
+            self.decoder_pool.zero(slots)
+            for s in fresh:
+                s.fresh = False
+
+    def _encode_text(self, stream: RuntimeTtsStream) -> None:
+        """Phonemize the stream's new text and run its ids through the encoder (batch of one:
+        a phrase at a time, a few times per reply; the per-frame work is what is batched)."""
+        try:
+            ids: list[int] = []
+            labels: list[Optional[str]] = []
+            for item in stream.take_text():
+                new_ids, new_labels = stream.schedule.end() if item is _END_TEXT else stream.schedule.push_text(item)
+                ids += new_ids
+                labels += new_labels
+            if not ids or stream.closed:
+                return
+            slots = torch.tensor([stream.slot], device=self.device)
+            *encoder_state, history = self.encoder_pool.gather(slots)
+            encoder_state, embeddings = encode_ids(self.model, stream.schedule, ids, labels, encoder_state,
+                                                   history.embeddings)
+            self.encoder_pool.scatter(slots, encoder_state + [LookaheadHistory(embeddings)])
+        except Exception as exc:  # noqa: BLE001 - this stream's text only
+            self.release(stream, exc)
+
+    def _chunk_size(self, stream: RuntimeTtsStream, now: float) -> int:
+        """Frames to render for this stream this tick: 0, or a power of two."""
+        ready = stream.schedule.frames_ready()
+        if stream.playout_origin is not None:
+            lead = stream.lead(now)
+            if lead > self.max_lead_s:
+                return 0
+            if lead < 0 and ready == 0 and not stream.schedule.ended:
+                stream.playout_origin = now - stream.samples_out / TTS_SAMPLE_RATE  # waiting for text: a pause, not late
+        limit = TTS_FIRST_FRAMES if stream.playout_origin is None else TTS_FRAMES_PER_TICK
+        size = min(limit, ready)
+        if size == 0:
+            return 1 if stream.schedule.ready else 0  # flush word marks of zero-frame ids
+        return 1 << (size.bit_length() - 1)
+
+    def _render(self, batch: list[tuple[RuntimeTtsStream, Tensor, Tensor, list[WordMark]]],
+                report: StepReport) -> None:
+        streams = [stream for stream, _, _, _ in batch]
+        slots = torch.tensor([s.slot for s in streams], device=self.device)
+        try:
+            *decoder_state, vocoder_state = self.decoder_pool.gather(slots)
+            audio, decoder_state, vocoder_state = render(
+                self.model, torch.stack([v for _, v, _, _ in batch]), torch.stack([p for _, _, p, _ in batch]),
+                decoder_state, vocoder_state)
+            self.decoder_pool.scatter(slots, decoder_state + [vocoder_state])
+            pcm = to_int16(audio)
+        except Exception as exc:  # noqa: BLE001 - the shared step failed: every stream in it did
+            log.exception("batched TTS step failed for %d streams", len(streams))
+            for stream in streams:
+                self.release(stream, exc)
+            return
+        now = time.perf_counter()
+        for (stream, _, _, marks), samples in zip(batch, pcm):
+            if stream.closed:
+                continue
+            if stream.playout_origin is None:
+                stream.playout_origin = now
+                report.ttfas.append(now - (stream.text_at or now))
+                self._wake()  # the first chunk is short: the next one follows at once, not a period later
+            elif stream.lead(now) < 0:
+                report.late_audio.append(-stream.lead(now))
+            for mark in marks:
+                stream.channel.put(mark)
+            stream.channel.put(Audio(samples, TTS_SAMPLE_RATE))
+            stream.samples_out += len(samples)
+        report.batches.append(len(streams))
+
+
 # -- the tick loop, metrics and admission --------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -449,7 +714,11 @@ class RuntimeStats:
     streams_open: int
     max_streams: int
     streams_failed: int
-    state_bytes_per_stream: int
+    state_bytes_per_stream: int  # one call's slots: STT, plus TTS when the runtime speaks
+    tts_streams_open: int = 0
+    ttfa_ms_p50: Optional[float] = None  # TTS: a reply's first text -> its first audio, last LAG_WINDOW replies
+    ttfa_ms_p95: Optional[float] = None
+    late_audio_chunks: int = 0  # TTS chunks that came after their playout time since start
 
 
 class TickMetrics:
@@ -466,6 +735,8 @@ class TickMetrics:
             self.buckets = [0] * (len(TICK_BUCKETS_S) + 1)
             self.durations: collections.deque = collections.deque(maxlen=STATS_WINDOW)
             self.lags: collections.deque = collections.deque(maxlen=LAG_WINDOW)
+            self.ttfas: collections.deque = collections.deque(maxlen=LAG_WINDOW)
+            self.late_audio_chunks = 0
 
     def record(self, duration: float, budget: float, reports: list[StepReport]) -> None:
         batches = [rows for report in reports for rows in report.batches]
@@ -481,6 +752,8 @@ class TickMetrics:
             self.backlog = max((report.backlog for report in reports), default=0)
             for report in reports:
                 self.lags.extend(report.lags)
+                self.ttfas.extend(report.ttfas)
+                self.late_audio_chunks += len(report.late_audio)
 
     def recent(self, count: int) -> list[float]:
         with self._lock:
@@ -490,7 +763,8 @@ class TickMetrics:
         with self._lock:
             counters = dict(ticks=self.ticks, late_ticks=self.late_ticks, seconds_sum=self.seconds_sum,
                             buckets=list(self.buckets), frames=self.frames, steps=self.steps,
-                            last_batch=self.last_batch, backlog=self.backlog)
+                            last_batch=self.last_batch, backlog=self.backlog, ttfas=list(self.ttfas),
+                            late_audio_chunks=self.late_audio_chunks)
             return list(self.durations), list(self.lags), counters
 
 
@@ -501,11 +775,14 @@ def _percentile_ms(values: list[float], q: float) -> Optional[float]:
 class Runtime:
     """The batched inference loop: a state pool per model, one tick per frame period, on its thread."""
 
-    def __init__(self, stt_model: SttModel, *, max_streams: int = 64, device: str = "auto",
-                 dtype: Optional[torch.dtype] = None, tick_s: float = FRAME_S, num_threads: Optional[int] = None,
-                 max_frames_per_tick: int = MAX_FRAMES_PER_TICK, admit_load: float = ADMIT_LOAD) -> None:
-        """Takes the model over (moves and casts it in place). num_threads sets torch's CPU threads
-        for the whole process; tick_s is both the tick period and the budget a tick must fit in."""
+    def __init__(self, stt_model: SttModel, *, tts_model: Optional[TtsModel] = None, max_streams: int = 64,
+                 device: str = "auto", dtype: Optional[torch.dtype] = None, tick_s: float = FRAME_S,
+                 num_threads: Optional[int] = None, max_frames_per_tick: int = MAX_FRAMES_PER_TICK,
+                 admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S) -> None:
+        """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
+        num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
+        period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
+        run ahead of real time (tests that drive tick() by hand lift it)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -513,11 +790,13 @@ class Runtime:
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
         self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick)
-        self.steppers: list[Stepper] = [self.stt]
+        self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
+                    if tts_model is not None else None)
+        self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])
         self.metrics = TickMetrics()
         self.behind_s = 0.0
         self._tick_lock = threading.Lock()
-        self._stop, self._wake = threading.Event(), threading.Event()
+        self._stop, self._wake = threading.Event(), threading.Event()  # _wake: tick now (idle, or a reply's first text)
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
@@ -533,6 +812,19 @@ class Runtime:
         stream = self.stt.open(session_id)
         self._wake.set()
         return stream
+
+    def open_tts(self, session_id: str) -> RuntimeTtsStream:
+        """A reply's synthesis on a zeroed slot; CapacityError when all slots are taken."""
+        if self.tts is None:
+            raise RuntimeError("this runtime was built without text-to-speech")
+        if self._closed:
+            raise RuntimeError("the runtime is closed")
+        stream = self.tts.open(session_id)
+        self._wake.set()
+        return stream
+
+    def _wake_now(self) -> None:
+        self._wake.set()
 
     def tick(self) -> list[StepReport]:
         """Step every model's ready streams once (frames up to max_frames_per_tick each); thread-safe."""
@@ -578,17 +870,19 @@ class Runtime:
                 self._wake.clear()
                 deadline = time.perf_counter()
                 continue
+            scheduled = time.perf_counter() >= deadline  # else an early tick, for a reply's first audio
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - a bug here must not stop every call's audio
                 log.exception("runtime tick failed")
-            deadline += self.tick_s
             now = time.perf_counter()
-            self.behind_s = max(0.0, now - deadline)
-            if self.behind_s > self.tick_s:
-                deadline = now  # no burst of back-to-back ticks: each tick already catches up per stream
-            else:
-                self._stop.wait(max(0.0, deadline - now))
+            if scheduled:
+                deadline += self.tick_s
+                self.behind_s = max(0.0, now - deadline)
+                if self.behind_s > self.tick_s:
+                    deadline = now  # no burst of back-to-back ticks: each tick already catches up per stream
+            self._wake.wait(max(0.0, deadline - now))
+            self._wake.clear()
 
     def admission(self) -> tuple[bool, float]:
         """(admit a new stream now?, seconds before asking again).
@@ -619,7 +913,11 @@ class Runtime:
             frames=c["frames"], lag_ms_p50=_percentile_ms(lags, 50), lag_ms_p95=_percentile_ms(lags, 95),
             behind_ms=self.behind_s * 1000, backlog_frames=c["backlog"],
             streams_open=self.stt.open_streams(), max_streams=self.stt.max_streams,
-            streams_failed=self.stt.failed, state_bytes_per_stream=self.stt.pool.bytes_per_slot())
+            streams_failed=self.stt.failed + (self.tts.failed if self.tts else 0),
+            state_bytes_per_stream=self.stt.pool.bytes_per_slot() + (self.tts.bytes_per_slot() if self.tts else 0),
+            tts_streams_open=self.tts.open_streams() if self.tts else 0,
+            ttfa_ms_p50=_percentile_ms(c["ttfas"], 50), ttfa_ms_p95=_percentile_ms(c["ttfas"], 95),
+            late_audio_chunks=c["late_audio_chunks"])
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -634,28 +932,21 @@ class SpeechEngine:
     """
 
     def __init__(self, stt_model: Optional[SttModel] = None, *, weights_path: Optional[Path] = None,
-                 tts_model: Optional[nn.Module] = None, tts_weights_path: Optional[Path] = None,
+                 tts_model: Optional[TtsModel] = None, tts_weights_path: Optional[Path] = None,
                  with_tts: bool = False, **runtime_options: Any) -> None:
         """with_tts (or a tts_model) adds speech synthesis: the shipped TTS weights unless a
         path or model is given (FileNotFoundError when there are none)."""
         model = stt_model if stt_model is not None else load_model(weights_path)
-        self.runtime = Runtime(model, **runtime_options)
         if tts_model is None and (with_tts or tts_weights_path is not None):
             from .tts import load_model as load_tts
 
             tts_model = load_tts(tts_weights_path)
-        self.tts_model = tts_model
+        self.runtime = Runtime(model, tts_model=tts_model, **runtime_options)
         self._ready = False
 
     def start(self) -> None:
         """Warm up on the device and start the tick loop (blocks for the warm-up)."""
         self.runtime.warm_up()
-        if self.tts_model is not None:
-            from .tts import synthesize_offline
-
-            audio, _ = synthesize_offline(self.tts_model, "Hello, how can I help?")
-            if len(audio) == 0 or not np.all(np.isfinite(audio.astype(np.float32))):
-                raise RuntimeError("TTS warm-up produced no usable audio")
         self.runtime.start()
         self._ready = True
 
@@ -666,14 +957,9 @@ class SpeechEngine:
     def open_stt(self, session_id: str) -> RuntimeSttStream:
         return self.runtime.open_stt(session_id)
 
-    def open_tts(self, session_id: str, voice: str = "") -> TtsStream:
-        """A streaming synthesizer for one reply (per stream for now: TTS is not yet batched
-        into the tick; its work runs on the default executor, off the event loop)."""
-        if self.tts_model is None:
-            raise RuntimeError("this engine was built without text-to-speech")
-        from .tts import TtsStream as SynthesisStream
-
-        return SynthesisStream(self.tts_model)
+    def open_tts(self, session_id: str, voice: str = "") -> RuntimeTtsStream:
+        """A streaming synthesizer for one reply, batched into the tick (the default voice only)."""
+        return self.runtime.open_tts(session_id)
 
     def admission(self) -> tuple[bool, float]:
         return self.runtime.admission()

@@ -8,24 +8,22 @@ decoder, source-filter vocoder (engine/vocoder.py). Distilled from Piper en_US-j
       ─► causal RecurrentStack over 11.6 ms frames ─► vocoder features ─► 22.05 kHz audio
 
 Every stage is causal and carries a fixed-size state, so `Synthesizer` (one stream) renders
-audio chunk by chunk as phrases arrive, with the same numbers as `synthesize_offline`. The
-batchable pieces are `TtsModel.encode` / `decode` (any batch of streams, any chunk length,
-explicit state) and `vocoder.synthesize_frame`: the batched runtime can drive them per tick.
+audio chunk by chunk as phrases arrive, with the same numbers as `synthesize_offline`. A
+stream's bookkeeping (`Schedule`) is kept apart from its model state, and `encode_ids` /
+`render` take explicit state for any batch, so the batched runtime (engine/runtime.py,
+TtsStepper) renders every stream's frames in one step per tick with the same code.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import AsyncIterator, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import vocoder, weights
@@ -150,7 +148,7 @@ def round_durations(log_durations: Tensor) -> Tensor:
     return torch.clamp(torch.round(torch.expm1(log_durations.float().clamp(max=8.0))), 0, MAX_FRAMES_PER_ID).long()
 
 
-# -- one stream --------------------------------------------------------------------------------
+# -- one utterance's bookkeeping (model-free) -------------------------------------------------
 
 @dataclass
 class _Pending:
@@ -159,115 +157,176 @@ class _Pending:
     word: Optional[str]  # a word starting at this id
 
 
+class Schedule:
+    """What one utterance has queued, without model state: text -> ids to encode, encoded ids
+    waiting for their durations, ready frames, and word marks at the frame cursor.
+
+    The single-stream Synthesizer and the runtime's batched TtsStepper both keep their model
+    state elsewhere (a stream's own tensors, or a row of the state pool) and share this.
+    """
+
+    def __init__(self, lookahead: int) -> None:
+        self.lookahead = lookahead
+        self.text = IncrementalText()
+        self.ids_seen = 0  # ids fed to the encoder (including END_ID padding)
+        self.words: deque[Optional[str]] = deque()  # per fed id, its word start (or None)
+        self.ready: deque[_Pending] = deque()
+        self.frame_in_id = 0  # frames already taken of ready[0]
+        self.frames_out = 0  # frames taken so far
+        self.ended = False
+        self.word_marks: list[WordMark] = []
+
+    @property
+    def done(self) -> bool:
+        return self.ended and not self.ready
+
+    def push_text(self, delta: str) -> tuple[list[int], list[Optional[str]]]:
+        """Text delta -> (ids to encode now, their word labels); ([], []) until a phrase is stable."""
+        return self._ids(self.text.push(delta))
+
+    def end(self) -> tuple[list[int], list[Optional[str]]]:
+        """No more text -> the last ids to encode, then LOOKAHEAD END_IDs ("no more text")."""
+        ids, labels = self._ids(self.text.end())
+        self.ended = True
+        return ids + [END_ID] * self.lookahead, labels + [None] * self.lookahead
+
+    @staticmethod
+    def _ids(phrases: list[Phrase]) -> tuple[list[int], list[Optional[str]]]:
+        ids: list[int] = []
+        labels: list[Optional[str]] = []
+        for phrase in phrases:
+            phrase_labels: list[Optional[str]] = [None] * len(phrase.ids)
+            for i, word in zip(phrase.word_starts, phrase.words):  # merged words share an id
+                phrase_labels[i] = word if phrase_labels[i] is None else f"{phrase_labels[i]} {word}"
+            ids += phrase.ids
+            labels += phrase_labels
+        return ids, labels
+
+    def encoded(self, labels: list[Optional[str]]) -> list[int]:
+        """Note ids just fed to the encoder -> indices (into them) of the encoder outputs that
+        now belong to an id: output j belongs to the id LOOKAHEAD positions earlier."""
+        first = self.ids_seen
+        self.ids_seen += len(labels)
+        self.words.extend(labels)
+        return [j for j in range(len(labels)) if first + j - self.lookahead >= 0]
+
+    def add_ready(self, vectors: Tensor, frames: list[int]) -> None:
+        for vector, n in zip(vectors, frames):
+            self.ready.append(_Pending(vector, n, self.words.popleft()))
+
+    def frames_ready(self) -> int:
+        return sum(p.frames for p in self.ready) - self.frame_in_id
+
+    def take(self, limit: int) -> tuple[Optional[Tensor], Optional[Tensor], list[WordMark]]:
+        """Up to `limit` ready frames -> (id vectors [T, w], positions [T, 3], word marks);
+        (None, None, marks) when no frame is ready."""
+        vectors, positions, marks = [], [], []
+        while self.ready and len(vectors) < limit:
+            head = self.ready[0]
+            if self.frame_in_id == 0 and head.word:
+                # the vocoder sounds frame t during hop t + 1 (one hop of interpolation)
+                sample = (self.frames_out + len(vectors) + 1) * HOP
+                marks += [WordMark(word, sample) for word in head.word.split(" ")]
+            if head.frames == 0:
+                self.ready.popleft()
+                continue
+            take = min(head.frames - self.frame_in_id, limit - len(vectors))
+            positions.append(frame_positions(torch.tensor(head.frames))[self.frame_in_id:self.frame_in_id + take])
+            vectors += [head.vector] * take
+            self.frame_in_id += take
+            if self.frame_in_id == head.frames:
+                self.ready.popleft()
+                self.frame_in_id = 0
+        self.word_marks += marks
+        if not vectors:
+            return None, None, marks
+        self.frames_out += len(vectors)
+        return torch.stack(vectors), torch.cat(positions).to(vectors[0].device), marks
+
+
+@torch.no_grad()
+def encode_ids(model: TtsModel, schedule: Schedule, ids: list[int], labels: list[Optional[str]],
+               encoder_state: list[BlockState], history: Tensor) -> tuple[list[BlockState], Tensor]:
+    """Feed one stream's new ids (batch of one) to the encoder; ids whose lookahead is now
+    known get their durations and join schedule.ready. Returns the new encoder state."""
+    if not ids:
+        return encoder_state, history
+    tensor = torch.tensor([ids], dtype=torch.long, device=history.device)
+    vectors, encoder_state, history = model.encode(tensor, encoder_state, history)
+    own = schedule.encoded(labels)
+    if own:
+        chosen = vectors[0, own]
+        schedule.add_ready(chosen, round_durations(model.durations(chosen)).tolist())
+    return encoder_state, history
+
+
+@torch.no_grad()
+def render(model: TtsModel, frame_vectors: Tensor, positions: Tensor, decoder_state: list[BlockState],
+           vocoder_state: vocoder.VocoderState) -> tuple[Tensor, list[BlockState], vocoder.VocoderState]:
+    """Frames of any batch of streams [B, T, w], [B, T, 3] -> (audio [B, T * HOP], states)."""
+    outputs, decoder_state = model.decode(frame_vectors, positions, decoder_state)
+    audio, vocoder_state = vocoder.synthesize(model.denormalise(outputs), vocoder_state)
+    return audio, decoder_state, vocoder_state
+
+
+# -- one stream --------------------------------------------------------------------------------
+
 class Synthesizer:
     """One stream: text deltas in, Audio and WordMark events out, chunk by chunk.
 
     push_text/end release phrases (engine/text.py); `pull()` renders up to CHUNK_FRAMES
     frames that are ready (their id's LOOKAHEAD successors are known) and returns the events.
     Fixed-size model state: encoder/decoder SSM states, the lookahead history, the vocoder's
-    phase and overlap-add memory, plus a queue of ready ids (bounded by the pending text).
+    phase and overlap-add memory, plus the Schedule's queue (bounded by the pending text).
+    The gateway's streams run on the batched runtime (engine/runtime.py) instead; this is the
+    reference it is tested against, and what offline synthesis and the benchmarks use.
     """
 
     def __init__(self, model: TtsModel, device: str = "cpu") -> None:
         self.model = model.eval()
-        self.device = device
-        self.text = IncrementalText()
+        self.schedule = Schedule(model.config.lookahead)
         self.encoder_state = model.encoder.initial_state(1, device)
         self.decoder_state = model.decoder.initial_state(1, device)
         self.history = model.initial_history(1, device)
         self.vocoder_state = vocoder.VocoderState.zeros(1, device)
-        self.ids_seen = 0  # ids fed to the encoder (including END_ID padding)
-        self.words: deque[Optional[str]] = deque()  # per fed id, its word start (or None)
-        self.ready: deque[_Pending] = deque()
-        self.frame_in_id = 0  # frames already rendered of ready[0]
-        self.samples_out = 0
         self.chunk_frames = FIRST_CHUNK_FRAMES
-        self.ended = self.cancelled = False
-        self.word_marks: list[WordMark] = []
+        self.cancelled = False
 
-    def push_text(self, delta: str) -> None:
-        if self.cancelled:
-            return
-        self._feed(self.text.push(delta))
-
-    def end(self) -> None:
-        if self.cancelled or self.ended:
-            return
-        self._feed(self.text.end())
-        self.ended = True
-        self._encode([END_ID] * self.model.config.lookahead, [None] * self.model.config.lookahead)
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.ready.clear()
+    @property
+    def word_marks(self) -> list[WordMark]:
+        return self.schedule.word_marks
 
     @property
     def done(self) -> bool:
-        return self.cancelled or (self.ended and not self.ready)
+        return self.cancelled or self.schedule.done
 
-    def _feed(self, phrases: list[Phrase]) -> None:
-        for phrase in phrases:
-            labels: list[Optional[str]] = [None] * len(phrase.ids)
-            for i, word in zip(phrase.word_starts, phrase.words):  # merged words share an id
-                labels[i] = word if labels[i] is None else f"{labels[i]} {word}"
-            self._encode(phrase.ids, labels)
+    def push_text(self, delta: str) -> None:
+        if not self.cancelled:
+            self._encode(*self.schedule.push_text(delta))
 
-    @torch.no_grad()
+    def end(self) -> None:
+        if not (self.cancelled or self.schedule.ended):
+            self._encode(*self.schedule.end())
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.schedule.ready.clear()
+
     def _encode(self, ids: list[int], labels: list[Optional[str]]) -> None:
-        if not ids:
-            return
-        tensor = torch.tensor([ids], dtype=torch.long, device=self.device)
-        vectors, self.encoder_state, self.history = self.model.encode(tensor, self.encoder_state, self.history)
-        self.words.extend(labels)
-        k = self.model.config.lookahead
-        first = self.ids_seen  # vectors[j] belongs to id first + j - k
-        self.ids_seen += len(ids)
-        own = [(j, first + j - k) for j in range(len(ids)) if first + j - k >= 0]
-        if not own:
-            return
-        chosen = vectors[0, [j for j, _ in own]]
-        frames = round_durations(self.model.durations(chosen)).tolist()
-        for (j, _), vector, n in zip(own, chosen, frames):
-            word = self.words.popleft()
-            self.ready.append(_Pending(vector, n, word))
+        self.encoder_state, self.history = encode_ids(self.model, self.schedule, ids, labels,
+                                                      self.encoder_state, self.history)
 
-    @torch.no_grad()
     def pull(self) -> list[TtsEvent]:
         """Render the next chunk of ready frames -> events ([] when nothing is ready)."""
         if self.cancelled:
             return []
-        vectors, positions, events = [], [], []
-        frame_offset = self.samples_out // HOP
-        limit = self.chunk_frames
-        while self.ready and len(vectors) < limit:
-            head = self.ready[0]
-            if self.frame_in_id == 0 and head.word:
-                # the vocoder sounds frame t during hop t + 1 (one hop of interpolation)
-                sample = (frame_offset + len(vectors) + 1) * HOP
-                for word in head.word.split(" "):
-                    events.append(WordMark(word, sample))
-            if head.frames == 0:
-                self.ready.popleft()
-                continue
-            take = min(head.frames - self.frame_in_id, limit - len(vectors))
-            pos = frame_positions(torch.tensor(head.frames))[self.frame_in_id:self.frame_in_id + take]
-            vectors += [head.vector] * take
-            positions.append(pos)
-            self.frame_in_id += take
-            if self.frame_in_id == head.frames:
-                self.ready.popleft()
-                self.frame_in_id = 0
-        if not vectors:
-            self.word_marks += [e for e in events if isinstance(e, WordMark)]
-            return events
+        vectors, positions, marks = self.schedule.take(self.chunk_frames)
+        if vectors is None:
+            return list(marks)
         self.chunk_frames = min(CHUNK_FRAMES, 2 * self.chunk_frames)
-        frame_vectors = torch.stack(vectors)[None]
-        outputs, self.decoder_state = self.model.decode(frame_vectors, torch.cat(positions)[None].to(self.device), self.decoder_state)
-        features = self.model.denormalise(outputs)
-        audio, self.vocoder_state = vocoder.synthesize(features, self.vocoder_state)
-        self.samples_out += audio.shape[1]
-        self.word_marks += [e for e in events if isinstance(e, WordMark)]
-        return events + [Audio(to_int16(audio[0]), SAMPLE_RATE)]
+        audio, self.decoder_state, self.vocoder_state = render(self.model, vectors[None], positions[None],
+                                                               self.decoder_state, self.vocoder_state)
+        return [*marks, Audio(to_int16(audio[0]), SAMPLE_RATE)]
 
     def events(self) -> Iterator[TtsEvent]:
         """Everything ready now, chunk by chunk."""
@@ -305,42 +364,6 @@ def synthesize_parallel(model: TtsModel, ids: list[int]) -> np.ndarray:
     outputs, _ = model.decode(frame_vectors, positions, model.decoder.initial_state(1))
     audio, _ = vocoder.synthesize(model.denormalise(outputs))
     return audio[0].numpy()
-
-
-class TtsStream:
-    """engine.interface.TtsStream over a Synthesizer: push_text/end/cancel from any thread,
-    `events()` renders on a worker thread so the event loop never blocks on torch."""
-
-    def __init__(self, model: TtsModel) -> None:
-        self.synth = Synthesizer(model)
-        self._lock = threading.Lock()
-
-    def push_text(self, delta: str) -> None:
-        with self._lock:
-            self.synth.push_text(delta)
-
-    def end(self) -> None:
-        with self._lock:
-            self.synth.end()
-
-    def cancel(self) -> None:
-        self.synth.cancel()  # takes effect at the next chunk boundary
-
-    async def events(self) -> AsyncIterator[TtsEvent]:
-        loop = asyncio.get_running_loop()
-        while not self.synth.done:
-            chunk = await loop.run_in_executor(None, self._pull)
-            if self.synth.cancelled:
-                return
-            if chunk:
-                for event in chunk:
-                    yield event
-            else:
-                await asyncio.sleep(0.005)  # waiting for more text
-
-    def _pull(self) -> list[TtsEvent]:
-        with self._lock:
-            return self.synth.pull()
 
 
 def load_model(path: Optional[Path] = None, device: str = "cpu") -> TtsModel:

@@ -185,9 +185,13 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     phase_f = torch.remainder(phase, 2 * math.pi).float().view(batch, frames, HOP)
     active = ((amps.abs().amax(dim=(0, 1)) > 0) | (prev_amps.abs().amax(dim=(0, 1)) > 0)).nonzero().flatten()
     if len(active):
+        # sum_k (a0_k + (a1_k - a0_k) r) cos(k phase) = C @ a0 + r (C @ (a1 - a0)), C = cos(k phase):
+        # two batched matmuls instead of materialising the [B, T, HOP, k] amplitude glide.
         k = int(active[-1]) + 1
-        amp_track = prev_amps[:, :, None, :k] + (amps - prev_amps)[:, :, None, :k] * ramp[:, None]  # [B, T, HOP, k]
-        harmonic = (torch.cos(phase_f[..., None] * harmonics[:k]) * amp_track).sum(-1)
+        cosines = torch.cos(phase_f[..., None] * harmonics[:k]).view(batch * frames, HOP, k)
+        glide = torch.stack([prev_amps[..., :k], (amps - prev_amps)[..., :k]], dim=-1).view(batch * frames, k, 2)
+        start_and_slope = torch.bmm(cosines, glide).view(batch, frames, HOP, 2)
+        harmonic = start_and_slope[..., 0] + start_and_slope[..., 1] * ramp
     else:
         harmonic = torch.zeros(batch, frames, HOP, device=device)
 
@@ -204,8 +208,3 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     new_state = VocoderState(torch.remainder(phase[:, -1], 2 * math.pi), f0[:, -1], amps[:, -1],
                              blocks[:, -1, HOP:].contiguous(), state.sample + frames * HOP)
     return audio, new_state
-
-
-def synthesize_frame(features: Tensor, state: VocoderState) -> tuple[Tensor, VocoderState]:
-    """One frame [B, N_FEATURES] -> (HOP samples [B, HOP], new state): the per-tick step."""
-    return synthesize(features[:, None], state)

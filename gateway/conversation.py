@@ -40,7 +40,10 @@ Responder actions (Handoff, EndCall) are performed once the text before them has
 `session.handoff {reason}`, or the call ends with reason `assistant_ended`.
 
 Every transition is an event on the data channel (docs/events.md); `metrics.turn` breaks
-each reply's latency down by stage.
+each reply's latency down by stage, up to the first frame sent. The browser's playout start
+is the last stage: the page reports it (`playout.started {turn}`), and a second
+`metrics.turn` carries `browser_playout_ms`, measured on the server's clock from the first
+frame sent to the report's arrival (so it includes the report's own trip back).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ import numpy as np
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
 
 from .echo_suppressor import EchoSuppressor
-from .events import EventChannel
+from .events import BadClientMessage, EventChannel
 from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
 from .responders import Responder, ResponderError
@@ -73,6 +76,7 @@ PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to 
 RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
 WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits (and speculation) are checked
 SPECULATE_AFTER_S = 0.3  # a partial unchanged this long starts the responder early
+PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
@@ -86,7 +90,7 @@ class StageTimes:
     end_of_turn: Optional[float] = None  # the engine decided the turn was over
     first_token: Optional[float] = None  # the responder's first text
     first_audio: Optional[float] = None  # TTS's first audio chunk
-    first_frame: Optional[float] = None  # the pacer started sending it
+    first_frame: Optional[float] = None  # the pacer sent its first frame
 
     def breakdown_ms(self) -> dict[str, Optional[float]]:
         def span(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -215,6 +219,8 @@ class Conversation:
         self.speculate_after_s = speculate_after_s
         self._partial: tuple[str, float] = ("", 0.0)  # the latest partial text and when it changed
         self._speculation: Optional[Speculation] = None
+        self._awaiting_playout: dict[int, float] = {}  # turn -> when its first frame was sent (monotonic)
+        events.handle("playout.started", self.on_playout_started)
 
     # -- Mode --------------------------------------------------------------------------------
 
@@ -224,8 +230,11 @@ class Conversation:
 
     def _on_sent(self, pcm48k: np.ndarray) -> None:
         """The pacer sent a frame: it is the echo reference (decimated to 16 kHz; the TTS
-        audio has little energy above 8 kHz, so averaging three samples is filter enough)."""
+        audio has little energy above 8 kHz, so averaging three samples is filter enough),
+        and it may be the reply's first."""
         self.echo.add_reference(pcm48k.reshape(-1, PACER_RATE // STT_RATE).mean(axis=1).astype(np.int16))
+        if self.reply is not None and self.reply.times.first_frame is None:
+            self._check_first_frame(self.reply)
 
     def describe(self) -> dict:
         return {"mode": "conversation"}
@@ -471,19 +480,34 @@ class Conversation:
             reply.rate = audio.sample_rate
             if reply.times.first_audio is None:
                 reply.times.first_audio = time.monotonic()
-                self._spawn(self._report_first_frame(reply))
             self.events.emit("response.audio.start", turn=reply.turn)
             self._set_state("speaking")
         self.pacer.write(audio.pcm, audio.sample_rate)
         reply.written = self.pacer.write_position - reply.start_sample
 
-    async def _report_first_frame(self, reply: Reply) -> None:
-        while reply.start_sample is None or self.pacer.played_samples <= reply.start_sample:
-            if self.reply is not reply:
-                return  # interrupted before a frame went out
-            await asyncio.sleep(DRAIN_POLL_S)
+    def _check_first_frame(self, reply: Reply) -> None:
+        """Called as each frame is sent: the one carrying the reply's first audio completes the
+        server's stages (metrics.turn), timed exactly, before any browser can have heard it."""
+        if reply.start_sample is None or self.pacer.played_samples <= reply.start_sample:
+            return
         reply.times.first_frame = time.monotonic()
         self.events.emit("metrics.turn", turn=reply.turn, **reply.times.breakdown_ms())
+        self._awaiting_playout[reply.turn] = reply.times.first_frame
+        for turn in list(self._awaiting_playout)[:-PLAYOUT_REPORTS_KEPT]:
+            del self._awaiting_playout[turn]
+
+    def on_playout_started(self, message: dict) -> None:
+        """The page heard a reply start playing (`playout.started {turn}`): the browser stage,
+        first frame sent -> the report's arrival, on this clock (the browser's is another)."""
+        turn = message.get("turn")
+        if type(turn) is not int or turn < 1:  # (bool is an int subclass; true is no turn)
+            raise BadClientMessage("playout.started needs 'turn': the positive integer of a response.audio.start")
+        first_frame = self._awaiting_playout.pop(turn, None)
+        if first_frame is None:
+            raise BadClientMessage("playout.started names a turn with no reply awaiting a playout report "
+                                   "(unknown, not sent yet, or already reported)")
+        playout_ms = round((time.monotonic() - first_frame) * 1000, 1)
+        self.events.emit("metrics.turn", turn=turn, browser_playout_ms=playout_ms)
 
     async def _finish(self, reply: Reply) -> None:
         """Wait until the reply's audio has played out, then record it as heard in full."""

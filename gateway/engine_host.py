@@ -75,7 +75,11 @@ class EngineHost:
                                   value=stats.late_ticks)
         yield GaugeMetricFamily("parley_engine_batch_size", "Rows in the largest batched step of the last tick",
                                 value=stats.last_batch)
-        yield GaugeMetricFamily("parley_engine_streams", "Open engine streams", value=stats.streams_open)
+        yield GaugeMetricFamily("parley_engine_streams", "Open engine STT streams", value=stats.streams_open)
+        yield GaugeMetricFamily("parley_engine_tts_streams", "Replies being synthesized", value=stats.tts_streams_open)
+        yield CounterMetricFamily("parley_engine_tts_late_chunks",
+                                  "Synthesized audio chunks that came after their playout time",
+                                  value=stats.late_audio_chunks)
         yield GaugeMetricFamily("parley_engine_max_streams", "Engine stream slots", value=stats.max_streams)
         yield GaugeMetricFamily("parley_engine_behind_seconds", "How far the tick loop is behind schedule",
                                 value=stats.behind_ms / 1000)
@@ -83,6 +87,10 @@ class EngineHost:
             yield GaugeMetricFamily("parley_engine_stt_lag_p95_seconds",
                                     "Audio pushed -> its frame recognized, p95 over recent frames",
                                     value=stats.lag_ms_p95 / 1000)
+        if stats.ttfa_ms_p95 is not None:
+            yield GaugeMetricFamily("parley_engine_tts_first_audio_p95_seconds",
+                                    "A reply's first text -> its first synthesized audio, p95 over recent replies",
+                                    value=stats.ttfa_ms_p95 / 1000)
         memory = gpu_memory_bytes(self.engine)
         if memory is not None:
             yield GaugeMetricFamily("parley_engine_gpu_memory_bytes", "CUDA memory allocated by the engine",

@@ -3,8 +3,10 @@
 Every event a call emits is numbered (seq starts at 1) and timestamped (t, Unix seconds).
 Events raised before the client's channel opens are queued and sent on open, so the
 client sees an unbroken sequence. A resumed session continues its numbering, and the
-events the client missed are replayed first, with their original seq. The schema is
-documented in docs/events.md.
+events the client missed are replayed first, with their original seq. Client messages
+(JSON objects with a `type`) go to the handler registered for their type (`ping` here, others
+by the call's mode); anything malformed gets an `error` event and the call goes on. The schema
+is documented in docs/events.md.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ FLUSH_GRACE_S = 0.1  # after the buffer empties, time for SCTP to put the last c
 
 
 EmitHook = Callable[[dict, str], None]  # (event, its JSON) for every event emitted
+MessageHandler = Callable[[dict], None]  # one client message of the type it was registered for
+
+
+class BadClientMessage(ValueError):
+    """Raised by a MessageHandler for a message with invalid fields; its text becomes the
+    `error` event's message (code `bad_message`), and the call goes on."""
 
 
 class EventChannel:
-    def __init__(self, on_client_message: Optional[Callable[[dict], None]] = None, last_seq: int = 0,
-                 on_emit: Optional[EmitHook] = None) -> None:
+    def __init__(self, last_seq: int = 0, on_emit: Optional[EmitHook] = None) -> None:
         self.seq = last_seq
         self._channel: Any = None
         self._pending: Deque[str] = deque(maxlen=MAX_QUEUED_EVENTS)
-        self._on_client_message = on_client_message
+        self._handlers: dict[str, MessageHandler] = {"ping": self._pong}
         self._on_emit = on_emit
         self.sent = 0
         self.last_message_at: Optional[float] = None  # monotonic time of the client's last message
@@ -39,9 +46,13 @@ class EventChannel:
         """Adopt the client's RTCDataChannel; flush queued events once it is open."""
         self._channel = channel
         channel.on("open", self._flush)
-        channel.on("message", self._receive)
+        channel.on("message", self.receive)
         if channel.readyState == "open":
             self._flush()
+
+    def handle(self, type_: str, handler: MessageHandler) -> None:
+        """Route client messages of `type_` to `handler` (other types get `unknown_message`)."""
+        self._handlers[type_] = handler
 
     @property
     def is_open(self) -> bool:
@@ -90,8 +101,9 @@ class EventChannel:
         except Exception:  # the transport closed under us; the call is ending
             pass
 
-    def _receive(self, message: Any) -> None:
-        """Client messages are JSON objects with a `type`; anything else gets an `error` event."""
+    def receive(self, message: Any) -> None:
+        """One client message, as the data channel delivers it: a JSON object with a `type`,
+        for that type's handler; anything else gets an `error` event."""
         self.last_message_at = time.monotonic()
         if isinstance(message, bytes) or len(message) > MAX_CLIENT_MESSAGE_BYTES:
             self.error("bad_message", "client messages must be JSON text under 16 KiB")
@@ -104,9 +116,14 @@ class EventChannel:
         if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
             self.error("bad_message", "client message must be an object with a string 'type'")
             return
-        if parsed["type"] == "ping":
-            self.emit("pong", ping_id=parsed.get("id"))
-        elif self._on_client_message is not None:
-            self._on_client_message(parsed)
-        else:
+        handler = self._handlers.get(parsed["type"])
+        if handler is None:
             self.error("unknown_message", f"unknown client message type {parsed['type'][:40]!r}")
+            return
+        try:
+            handler(parsed)
+        except BadClientMessage as exc:
+            self.error("bad_message", str(exc))
+
+    def _pong(self, message: dict) -> None:
+        self.emit("pong", ping_id=message.get("id"))

@@ -23,7 +23,8 @@ JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
 LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
-TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total")
+# metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
+TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -51,7 +52,8 @@ class Metrics:
         self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
         self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
-                                    "end_of_turn, responder_first_token, tts_first_audio, first_frame, total",
+                                    "end_of_turn, responder_first_token, tts_first_audio, first_frame, total, "
+                                    "browser_playout (first frame sent -> the page's playout report)",
                                     ["stage"], buckets=TURN_BUCKETS_S, registry=r)
         self.interruptions = Counter("parley_barge_ins", "Replies the caller interrupted", registry=r)
         self._seen_concealed: dict[str, int] = {}

@@ -8,6 +8,9 @@
 // channel closing) or a session.migrate from a draining gateway starts a reconnect: a new
 // RTCPeerConnection, the same microphone, and POST /v1/calls {resume_token, last_seq}, with
 // backoff (1, 2, 4, 4, 4 s; 5 tries). The gateway replays the events this page missed.
+//
+// In conversation mode the page also tells the gateway when each reply starts playing here
+// (playout.started), the last stage of the turn's latency (see "playout start" below).
 
 const ICE_GATHER_TIMEOUT_MS = 3000; // non-trickle: after this, send what has been gathered
 const PING_INTERVAL_MS = 2000;
@@ -37,7 +40,10 @@ const ui = {
   waterfall: document.querySelector("#waterfall tbody"),
 };
 const WATERFALL_TURNS = 5;
-const STAGES = ["end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "first_frame_ms"];
+const STAGES = [
+  "end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "first_frame_ms", "browser_playout_ms",
+];
+const PLAYOUT_WATCH_MS = 10000; // a reply not heard within this after its response.audio.start is not reported
 
 // The test hook; also the page's whole state.
 const parley = {
@@ -63,6 +69,12 @@ let nextPingId = 1;
 let lastPongAt = 0; // performance.now() of the last pong (or of the channel opening)
 let disconnectedTimer = null;
 let currentAttempt = 0; // bumped by every call() and every hang-up
+let eventsChannel = null; // the current connection's "events" data channel
+// False on a resumed connection until its session.ready: the events before it are replays
+// of what this page missed, and their replies are not playing now.
+let eventsLive = false;
+let playout = null; // the playout-start detector: {context, node: Promise<AudioWorkletNode>, source}
+let playoutTimer = null; // disarms the detector when an announced reply stays silent
 const pingsSent = new Map(); // id -> performance.now()
 
 // -- state and errors --------------------------------------------------------------------
@@ -114,6 +126,7 @@ async function call() {
     if (superseded()) return stream.getTracks().forEach((track) => track.stop());
     localStream = stream;
     startLevelMeter(stream);
+    eventsLive = true; // a new session: nothing to replay
     const pc = createPeerConnection(stream);
     await pc.setLocalDescription(await pc.createOffer());
     await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
@@ -158,7 +171,8 @@ function createPeerConnection(stream) {
   const [track] = stream.getAudioTracks();
   pc.addTransceiver(track, { direction: "sendrecv", streams: [stream] });
   // The gateway only adopts a channel the client opened, and it must be in the offer.
-  openEventsChannel(pc, pc.createDataChannel("events"));
+  eventsChannel = pc.createDataChannel("events");
+  openEventsChannel(pc, eventsChannel);
   pc.ontrack = (event) => playRemote(event.streams[0] || new MediaStream([event.track]));
   pc.onconnectionstatechange = () => onConnectionState(pc);
   pc.oniceconnectionstatechange = () => {
@@ -219,6 +233,7 @@ function playRemote(stream) {
   ui.remote.srcObject = stream;
   // autoplay may be blocked without a gesture; the Call click normally counts as one.
   ui.remote.play().catch((err) => console.debug("parley: remote audio play():", err.message));
+  if (ui.dialog) listenForPlayout(stream);
 }
 
 async function onConnectionState(pc) {
@@ -287,6 +302,7 @@ function onEvent(event) {
   switch (event.type) {
     case "session.ready":
       parley.ready = event;
+      eventsLive = true;
       console.debug(`parley: session ready, mode ${event.mode}, echo delay ${event.echo_delay_ms} ms`);
       break;
     case "call.stats":
@@ -330,8 +346,11 @@ function onEvent(event) {
         renderBubble(event.turn);
       }
       break;
+    case "response.audio.start":
+      if (eventsLive) armPlayout(event.turn);
+      break;
     case "metrics.turn":
-      if (ui.waterfall) addWaterfallRow(event);
+      if (ui.waterfall) showTurnMetrics(event);
       break;
   }
 }
@@ -391,26 +410,99 @@ function renderBubble(turn) {
   item.append(rest);
 }
 
-function addWaterfallRow(event) {
-  const row = document.createElement("tr");
+// A reply's stages come in two metrics.turn events: the gateway's own at its first frame,
+// then browser_playout_ms once this page has reported the playout start. One row per reply.
+function showTurnMetrics(event) {
+  const fromGateway = "first_frame_ms" in event;
+  let row = fromGateway ? null : ui.waterfall.querySelector(`tr[data-turn="${event.turn}"]`);
+  if (!row) {
+    if (!fromGateway) return; // its row has already scrolled away
+    row = ui.waterfall.insertRow(0);
+    row.dataset.turn = String(event.turn);
+    while (ui.waterfall.rows.length > WATERFALL_TURNS) ui.waterfall.deleteRow(-1);
+  }
+  const metrics = { ...JSON.parse(row.dataset.metrics || "{}"), ...event };
+  row.dataset.metrics = JSON.stringify(metrics);
+  renderWaterfallRow(row, metrics);
+}
+
+function renderWaterfallRow(row, metrics) {
+  // From the end of the caller's words to the first sound here, once the page has reported it.
+  const total = metrics.total_ms == null ? null : roundTenth(metrics.total_ms + (metrics.browser_playout_ms ?? 0));
+  const width = total || STAGES.reduce((sum, key) => sum + (metrics[key] || 0), 0) || 1;
   const bar = document.createElement("td");
-  const total = event.total_ms || STAGES.reduce((sum, key) => sum + (event[key] || 0), 0) || 1;
   for (const key of STAGES) {
     const span = document.createElement("span");
     span.className = `stage ${key}`;
-    span.style.width = `${Math.max(0, (100 * (event[key] || 0)) / total)}%`;
-    span.title = `${key.replace(/_ms$/, "").replaceAll("_", " ")}: ${event[key] ?? "—"} ms`;
+    span.style.width = `${Math.max(0, (100 * (metrics[key] || 0)) / width)}%`;
+    span.title = `${key.replace(/_ms$/, "").replaceAll("_", " ")}: ${metrics[key] ?? "—"} ms`;
     bar.append(span);
   }
-  row.append(cell(String(event.turn)), bar, cell(event.total_ms == null ? "—" : `${event.total_ms} ms`));
-  ui.waterfall.prepend(row);
-  while (ui.waterfall.rows.length > WATERFALL_TURNS) ui.waterfall.deleteRow(-1);
+  row.replaceChildren(cell(String(metrics.turn)), bar, cell(total == null ? "—" : `${total} ms`));
 }
+
+const roundTenth = (x) => Math.round(10 * x) / 10;
 
 function cell(text) {
   const td = document.createElement("td");
   td.textContent = text;
   return td;
+}
+
+// -- playout start -------------------------------------------------------------------------
+
+// The gateway knows when it sent a reply's first frame, not when it began to play here. An
+// AudioWorklet (static/playout-onset.js) on the remote stream, as this page renders it, hears
+// the first sound after response.audio.start; the page sends playout.started {turn} and the
+// gateway times that last stage on its own clock (the two clocks differ), from its first
+// frame to this report's arrival. Not RTCRtpReceiver.getSynchronizationSources().audioLevel:
+// it describes packets as they arrive (before the jitter buffer), and only from an audio-level
+// header extension that Parley's sender does not write. Not an AnalyserNode polled by a
+// timer: timers run late on a busy main thread and barely at all in a background tab.
+function listenForPlayout(stream) {
+  playout ??= startPlayoutDetector();
+  const detector = playout;
+  detector.node
+    .then((node) => {
+      detector.source?.disconnect(); // a reconnect brings a new stream
+      detector.source = detector.context.createMediaStreamSource(stream);
+      detector.source.connect(node);
+    })
+    .catch((err) => console.warn("parley: no playout reports:", err.message));
+}
+
+function startPlayoutDetector() {
+  const context = new AudioContext();
+  context.resume().catch(() => {});
+  const node = context.audioWorklet.addModule("/static/playout-onset.js").then(() => {
+    const worklet = new AudioWorkletNode(context, "playout-onset");
+    worklet.port.onmessage = (message) => reportPlayout(message.data.turn);
+    const mute = context.createGain(); // rendered, so that it runs, but silent: the <audio> element plays
+    mute.gain.value = 0;
+    worklet.connect(mute).connect(context.destination);
+    return worklet;
+  });
+  return { context, node, source: null };
+}
+
+function armPlayout(turn) {
+  const detector = playout;
+  if (!detector) return;
+  const tell = (message) => detector.node.then((node) => node.port.postMessage(message)).catch(() => {});
+  tell({ turn });
+  clearTimeout(playoutTimer);
+  playoutTimer = setTimeout(() => tell({ turn: null }), PLAYOUT_WATCH_MS);
+}
+
+function reportPlayout(turn) {
+  clearTimeout(playoutTimer);
+  if (eventsChannel?.readyState === "open") eventsChannel.send(JSON.stringify({ type: "playout.started", turn }));
+}
+
+function stopPlayoutDetector() {
+  clearTimeout(playoutTimer);
+  playout?.context.close().catch(() => {});
+  playout = null;
 }
 
 // -- reconnecting ------------------------------------------------------------------------
@@ -442,6 +534,7 @@ async function reconnect(why, firstDelayMs = RECONNECT_DELAYS_MS[0]) {
 }
 
 async function resumeOnce(attempt) {
+  eventsLive = false; // until this connection's session.ready
   const pc = createPeerConnection(localStream);
   await pc.setLocalDescription(await pc.createOffer());
   await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
@@ -550,6 +643,7 @@ function dropPeer() {
 function detachCall() {
   currentAttempt++;
   stopLevelMeter();
+  stopPlayoutDetector();
   localStream?.getTracks().forEach((track) => track.stop());
   localStream = null;
   ui.remote.srcObject = null;

@@ -8,6 +8,7 @@ from typing import AsyncIterator, Callable, Iterator
 
 import aiohttp
 import pytest
+import torch
 from aiohttp import web
 
 from gateway.app import CALLS_KEY, WARMUP_KEY, create_app
@@ -17,6 +18,15 @@ from gateway.ice import use_host_addresses
 # Media in tests stays on loopback: never gather candidates on other interfaces.
 use_host_addresses(["127.0.0.1"])
 WARM_UP_DEADLINE_S = 60.0  # generous: the machine may be busy
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny ops on a busy machine: a second intra-op thread only waits for a free core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def free_port() -> int:

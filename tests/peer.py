@@ -6,7 +6,7 @@ import asyncio
 import fractions
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import aiohttp
 import av
@@ -179,11 +179,13 @@ class Caller:
     def recording(self) -> np.ndarray:
         return np.concatenate(self.received) if self.received else np.zeros(0, dtype=np.float32)
 
-    async def wait_for_event(self, type_: str, timeout: float = 30.0) -> dict:
+    async def wait_for_event(self, type_: str, timeout: float = 30.0,
+                             where: Callable[[dict], bool] = lambda event: True) -> dict:
+        """The first event of this type (for which `where` holds), waiting for it if need be."""
         deadline = time.monotonic() + timeout
         while True:
             for event in self.events:
-                if event["type"] == type_:
+                if event["type"] == type_ and where(event):
                     return event
             remaining = deadline - time.monotonic()
             if remaining <= 0:

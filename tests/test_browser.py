@@ -254,11 +254,13 @@ async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_pat
     assert third.playout.last_packet_at is not None, "the microphone reaches the resumed call"
 
 
-async def test_browser_conversation_view(start_gateway, tmp_path):
+async def test_browser_conversation_view(start_gateway, tmp_path, http):
     """The demo page in conversation mode: the caller's words, the reply and the latency
-    waterfall appear as the turn happens (speech from a held-out voice as the microphone)."""
+    waterfall appear as the turn happens (speech from a held-out voice as the microphone),
+    and the page reports when the reply starts playing: the waterfall's last stage."""
     from engine.wavfile import read_wav
     from tests.test_conversation_call import conversation_engine
+    from tests.test_metrics import scrape
     from tests.test_stt_shipped import SPEECH
 
     speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
@@ -279,5 +281,18 @@ async def test_browser_conversation_view(start_gateway, tmp_path):
         await page.wait_for_selector("#waterfall tbody tr")
         row = await page.inner_text("#waterfall tbody tr")
         assert row.split()[0] == "1" or row.split()[0] == "2"
+
+        await page.wait_for_function(
+            "window.parley.events.some(e => e.type === 'metrics.turn' && 'browser_playout_ms' in e)")
+        events = await page.evaluate("window.parley.events")
+        playout = next(e for e in events if e["type"] == "metrics.turn" and "browser_playout_ms" in e)
+        started = [e["turn"] for e in events if e["type"] == "response.audio.start"]
+        assert playout["turn"] in started and playout["browser_playout_ms"] > 0
+        stage = f'#waterfall tr[data-turn="{playout["turn"]}"] .stage.browser_playout_ms'
+        assert await page.get_attribute(stage, "title") == f"browser playout: {playout['browser_playout_ms']} ms"
+        assert not [e for e in events if e["type"] == "error"]
+        samples = await scrape(http, gateway.url)
+        assert samples["parley_turn_stage_seconds_count{stage=browser_playout}"] >= 1
+        print(f"browser playout stage: {playout}")
         await page.click("#hangup")
         await page.wait_for_function("window.parley.state === 'ended'")

@@ -10,6 +10,7 @@ tone of WORD_S seconds with a WordMark at its start — real audio and real mark
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any, AsyncIterator, Optional
 
@@ -192,6 +193,28 @@ async def long_reply_playing(harness, words_played: int) -> Harness:
     await h.wait_for("response.audio.start")
     await h.wait_played(words_played * WORD_S)
     return h
+
+
+async def test_the_pages_playout_report_adds_the_browser_stage(harness):
+    """playout.started {turn} completes the reply's metrics with a second metrics.turn; a
+    malformed or stale report gets an error event and the reply plays on."""
+    h = await long_reply_playing(harness, 1)
+    server_stages = await h.wait_for("metrics.turn")
+    turn = server_stages["turn"]
+    bad = [{"type": "playout.started"}, {"type": "playout.started", "turn": "1"},
+           {"type": "playout.started", "turn": True}, {"type": "playout.started", "turn": turn + 1}]
+    for message in bad:
+        h.conversation.events.receive(json.dumps(message))
+    assert [e["code"] for e in h.sent if e["type"] == "error"] == ["bad_message"] * len(bad)
+
+    h.conversation.events.receive(json.dumps({"type": "playout.started", "turn": turn}))
+    browser_stage = await h.wait_for("metrics.turn", count=2)
+    assert browser_stage["turn"] == turn and browser_stage["browser_playout_ms"] >= 0
+    assert "total_ms" not in browser_stage, "the server's stages are not sent (or counted) twice"
+    h.conversation.events.receive(json.dumps({"type": "playout.started", "turn": turn}))
+    assert [e["code"] for e in h.sent if e["type"] == "error"] == ["bad_message"] * (len(bad) + 1), \
+        "a turn is reported once"
+    assert (await h.wait_for("response.audio.end"))["turn"] == turn, "the reply played on"
 
 
 async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harness):

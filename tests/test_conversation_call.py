@@ -9,6 +9,8 @@ the test checks that the reply's audio was paced out rather than how loud it is.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -31,7 +33,8 @@ def conversation_engine() -> SpeechEngine:
 
 
 async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http):
-    """One turn end to end; /metrics then holds the turn's stage latencies."""
+    """One turn end to end; the client's playout report (a malformed one first) adds the
+    browser stage; /metrics then holds the turn's stage latencies."""
     gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine())
     speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
     speech = speech / 32768 if np.abs(speech).max() > 1 else speech
@@ -49,6 +52,12 @@ async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http):
     start = await caller.wait_for_event("response.audio.start", DEADLINE_S)
     metrics = await caller.wait_for_event("metrics.turn", DEADLINE_S)
     assert metrics["turn"] == start["turn"] and metrics["total_ms"] is not None
+    caller.channel.send(json.dumps({"type": "playout.started", "turn": "first"}))
+    error = await caller.wait_for_event("error", DEADLINE_S)
+    assert error["code"] == "bad_message" and "playout.started" in error["message"]
+    caller.channel.send(json.dumps({"type": "playout.started", "turn": start["turn"]}))
+    playout = await caller.wait_for_event("metrics.turn", DEADLINE_S, where=lambda e: "browser_playout_ms" in e)
+    assert playout["turn"] == start["turn"] and playout["browser_playout_ms"] > 0
     end = await caller.wait_for_event("response.audio.end", DEADLINE_S)
     assert end["turn"] == start["turn"]
     call = gateway.registry.by_session[caller.response["session_id"]]
@@ -61,4 +70,5 @@ async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http):
     async with http.get(gateway.url + "/metrics") as response:
         exposition = await response.text()
     assert 'parley_turn_stage_seconds_count{stage="total"} 1.0' in exposition
+    assert 'parley_turn_stage_seconds_count{stage="browser_playout"} 1.0' in exposition
     await caller.hang_up(http)

@@ -22,13 +22,7 @@ RATE = 16000
 EVENT_DEADLINE_S = 60.0  # generous: the machine may be busy
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny ops on a busy machine: a second intra-op thread only waits for a free core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_model(seed: int = 0) -> SttModel:

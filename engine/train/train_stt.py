@@ -58,6 +58,7 @@ eot_class_weights = (1.0, 1.0, 3.0)  # speech, pause, end: turn ends are the rar
 log_every = 10
 checkpoint_every = 100
 eval_every = 500
+reset_best = 0  # 1: forget the resumed checkpoint's best WER (after the held-out folders changed)
 seed = 1337
 device = "auto"
 threads = 2
@@ -203,7 +204,7 @@ def main(argv: list[str]) -> None:
         state = torch.load(checkpoint, map_location=dev, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, best = state["step"], state["best_wer"]
+        step, best = state["step"], (float("inf") if cfg["reset_best"] else state["best_wer"])
         log(out, {"event": "resumed", "step": step, "best_wer": best})
     else:
         params = sum(p.numel() for p in model.parameters())
