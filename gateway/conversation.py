@@ -14,12 +14,16 @@ the responder starts on it, its text held back. If the turn then ends with those
 words, the held text is spoken at once (the responder's latency is hidden behind the
 end-of-turn decision); if the caller says more, the attempt is cancelled unheard.
 
-Barge-in: when the caller speaks over a reply and the recognizer hears a word (letters
-with a vowel: "no", "wait" — not the "s" or "o" it can make of a cough, a breath or residual
-echo) while the echo suppressor hears the caller's own voice over Parley's, the pacer is flushed (audio stops within one 20 ms frame), the TTS stream and the
-responder are cancelled, `response.interrupted {heard_text, played_ms}` is sent and the
-history keeps only the words the caller heard (from the TTS word marks and the pacer's
-played-sample count). A cough or an "mm-hm" yields no word, so it never stops the reply.
+Barge-in, in two steps. (1) The caller makes a sound over the reply (the recognizer's
+SpeechStart, or any partial text) while the echo suppressor hears the caller's own voice
+over Parley's: the reply is paused (the pacer holds; the next 20 ms frame is silence) and
+`response.paused` is sent. (2) If the recognizer hears a word within FALSE_INTERRUPTION_S
+(letters with a vowel: "no", "wait" — not the "s" or "o" it can make of a cough, a breath
+or residual echo), the queued audio is dropped, the TTS stream and the responder are
+cancelled, `response.interrupted {heard_text, played_ms}` is sent and the history keeps
+only the words the caller heard (from the TTS word marks and the pacer's played-sample
+count, which stopped at the pause). A cough or an "mm-hm" yields no word: the reply plays
+on from where it paused (`response.continued {paused_ms}`).
 
 Echo: callers without echo cancellation hear Parley in their microphone; the caller's audio
 goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
@@ -76,6 +80,7 @@ PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to 
 RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply cut off by the drop
 WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits (and speculation) are checked
 SPECULATE_AFTER_S = 0.3  # a partial unchanged this long starts the responder early
+FALSE_INTERRUPTION_S = 0.6  # a reply paused for the caller's sound plays on if no word follows this soon
 PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
@@ -220,6 +225,7 @@ class Conversation:
         self._partial: tuple[str, float] = ("", 0.0)  # the latest partial text and when it changed
         self._speculation: Optional[Speculation] = None
         self._awaiting_playout: dict[int, float] = {}  # turn -> when its first frame was sent (monotonic)
+        self._paused_at: Optional[float] = None  # the reply was paused for the caller's sound (monotonic)
         events.handle("playout.started", self.on_playout_started)
 
     # -- Mode --------------------------------------------------------------------------------
@@ -268,6 +274,8 @@ class Conversation:
             self.events.emit("transcript.partial", text=event.text)
             if self._speaking() and self._caller_spoke(event.text):
                 self._barge_in()
+            elif event.text.strip():
+                self._maybe_pause()
             self._on_partial(event.text)
         elif isinstance(event, Final):
             self._on_final(event)
@@ -290,6 +298,8 @@ class Conversation:
         if self.state == "listening":
             self._set_state("user_speaking")
             self._turn_started = time.monotonic()
+        else:
+            self._maybe_pause()
 
     def _on_final(self, event: Final) -> None:
         words = [{"word": w, "start": round(t0, 3), "end": round(t1, 3)} for w, t0, t1 in event.words]
@@ -538,6 +548,27 @@ class Conversation:
 
     # -- barge-in ------------------------------------------------------------------------------
 
+    def _maybe_pause(self) -> None:
+        """The caller may be starting to talk over the reply: silence it from the next frame,
+        and play on if no word follows within FALSE_INTERRUPTION_S."""
+        if self.state != "speaking" or self._paused_at is not None or not self.echo.caller_audible():
+            return
+        self._paused_at = time.monotonic()
+        self.pacer.hold()
+        self.events.emit("response.paused", turn=self.reply.turn)
+        self._spawn(self._play_on_unless_words(self.reply))
+
+    async def _play_on_unless_words(self, reply: Reply) -> None:
+        await asyncio.sleep(FALSE_INTERRUPTION_S)
+        if self.reply is reply and self._paused_at is not None:
+            paused_ms = round((time.monotonic() - self._paused_at) * 1000)
+            self._end_pause()
+            self.events.emit("response.continued", turn=reply.turn, paused_ms=paused_ms)
+
+    def _end_pause(self) -> None:
+        self._paused_at = None
+        self.pacer.release()
+
     def _barge_in(self) -> None:
         """The caller spoke a word over the reply: silence now, keep only what was heard."""
         reply = self.reply
@@ -557,6 +588,7 @@ class Conversation:
             tts.cancel()
 
     def _cancel_reply(self) -> None:
+        self._end_pause()
         self._stop_tts()
         if self._reply_task is not None:
             self._reply_task.cancel()

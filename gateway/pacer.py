@@ -6,7 +6,8 @@ monotonic clock (no accumulated drift), carries pts = running sample count, and 
 silence when nothing is queued. It encodes with Parley's own Opus encoder (mono, ~32
 kbit/s, in-band FEC) and hands aiortc finished packets, bypassing aiortc's 96 kbit/s
 stereo encoder. `flush()` empties the queue: the next frame sent is silence, so a
-barge-in stops the caller's audio within one frame.
+barge-in stops the caller's audio within one frame. `hold()` does the same but keeps the
+queue, and `release()` plays on from where it stopped (a caller's onset that may be a cough).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class PacerStats:
     underruns: int = 0  # audio ran out mid-frame (padded with silence)
     flushes: int = 0
     flushed_samples: int = 0
+    holds: int = 0
     clock_resyncs: int = 0
     queued_ms: float = 0.0
     lateness_ms_p50: float = 0.0
@@ -90,6 +92,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._pts = 0
         self._lateness: Deque[float] = deque(maxlen=LATENESS_WINDOW)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self.held = False
         self.stats = PacerStats()
         self.on_sent: Optional[Callable[[np.ndarray], None]] = None  # each 20 ms frame sent (echo reference)
 
@@ -118,6 +121,16 @@ class PacedAudioTrack(MediaStreamTrack):
         self.stats.flushes += 1
         self.stats.flushed_samples += dropped
         return dropped
+
+    def hold(self) -> None:
+        """Send silence from the next frame on, keeping what is queued (and played_samples)."""
+        if not self.held:
+            self.held = True
+            self.stats.holds += 1
+
+    def release(self) -> None:
+        """Play on from where hold() stopped."""
+        self.held = False
 
     @property
     def queued_ms(self) -> float:
@@ -166,7 +179,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._record_lateness(late * 1000.0)
 
     def _next_frame(self) -> np.ndarray:
-        if not self._queue:
+        if not self._queue or self.held:
             self.stats.silence_frames += 1
             self.stats.queued_ms = 0.0
             return self._silence

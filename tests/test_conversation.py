@@ -136,6 +136,13 @@ class Harness:
             await asyncio.sleep(0.01)
         return [e for e in self.sent if e["type"] == type_][count - 1]
 
+    async def frames_sent(self, count: int) -> None:
+        target = self.pacer.stats.frames_sent + count
+        deadline = time.monotonic() + DEADLINE_S
+        while self.pacer.stats.frames_sent < target:
+            assert time.monotonic() < deadline, "the pacer stopped sending"
+            await asyncio.sleep(0.005)
+
     async def wait_played(self, seconds: float) -> None:
         reply = self.conversation.reply
         deadline = time.monotonic() + DEADLINE_S
@@ -220,10 +227,15 @@ async def test_the_pages_playout_report_adds_the_browser_stage(harness):
 async def test_barge_in_stops_audio_at_once_and_keeps_only_what_was_heard(harness):
     h = await long_reply_playing(harness, 5)
     h.conversation.on_stt_event(SpeechStart(3.0))
-    assert h.conversation.state == "speaking", "speech detection alone does not stop the reply"
+    assert h.pacer.held and h.types()[-1] == "response.paused", "the caller's onset silences the next frame"
+    assert h.conversation.state == "speaking" and h.pacer.queued_ms > 0, "paused, not yet interrupted"
+    played = h.pacer.played_samples
+    await h.frames_sent(3)
+    assert h.pacer.played_samples == played, "nothing plays while paused"
     h.conversation.on_stt_event(Partial("wait"))
-    assert h.pacer.queued_ms == 0, "a word stops the queued reply at once (within one frame)"
+    assert h.pacer.queued_ms == 0 and not h.pacer.held, "a word drops the queued reply"
     interrupted = await h.wait_for("response.interrupted")
+    assert interrupted["played_ms"] == round(played * 1000 / 48000), "heard up to the pause"
     full = "You said: " + LONG
     heard = interrupted["heard_text"]
     assert full.startswith(heard) and 5 <= len(heard.split()) < len(full.split())
@@ -238,6 +250,9 @@ async def test_a_cough_or_mm_hm_does_not_stop_the_reply(harness):
     h = await long_reply_playing(harness, 4)
     for event in (SpeechStart(3.0), Partial("mm hm"), Partial("s"), Final("mm hm", [("mm", 3.0, 3.2), ("hm", 3.3, 3.5)])):
         h.conversation.on_stt_event(event)  # what a recognizer makes of a cough or a backchannel
+    assert h.pacer.held and h.types().count("response.paused") == 1
+    continued = await h.wait_for("response.continued")
+    assert continued["paused_ms"] >= 500 and not h.pacer.held, "no word within 600 ms: it plays on"
     await h.wait_for("response.audio.end")
     assert "response.interrupted" not in h.types()
     assert h.tts_streams[0].spoken == ("You said: " + LONG).split(), "spoken once, in full"

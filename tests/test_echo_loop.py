@@ -148,6 +148,7 @@ async def test_parley_never_interrupts_itself_on_its_own_echo(delay_ms):
     assert call.count("response.audio.end") == REPLIES_PER_DELAY
     assert call.count("response.interrupted") == 0 and call.count("response.resumed") == 0, \
         f"self-interruptions at {delay_ms} ms: {[e for e in call.sent if e['type'].startswith('response.')][:6]}"
+    assert call.count("response.paused") == 0, f"Parley paused for its own echo at {delay_ms} ms"
     assert call.conversation.echo.suppressed_frames > 0
 
 
@@ -157,4 +158,5 @@ async def test_a_caller_still_barges_in_over_the_echo():
     await call.run(replies=1)
     interrupted = [e for e in call.sent if e["type"] == "response.interrupted"]
     assert interrupted, f"no barge-in: {[e['type'] for e in call.sent]}"
+    assert call.count("response.paused") == 1, "the caller's onset paused the reply before their word stopped it"
     assert 900 <= interrupted[0]["played_ms"] < 3000

@@ -1,4 +1,4 @@
-"""The outbound pacer on a virtual clock: no drift, silence when idle, flush within a frame."""
+"""The outbound pacer on a virtual clock: no drift, silence when idle, flush and hold within a frame."""
 
 import random
 from fractions import Fraction
@@ -73,6 +73,23 @@ async def test_flush_stops_audio_within_one_frame():
     await pacer.recv()  # the very next frame carries none of the flushed audio
     assert pacer.stats.audio_samples_sent == sent_before
     assert pacer.stats.flushes == 1 and pacer.stats.flushed_samples == dropped
+
+
+async def test_hold_silences_the_next_frame_and_release_plays_on_from_there():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(tone(1.0, 24000), 24000)
+    for _ in range(10):
+        await pacer.recv()
+    sent, queued = pacer.stats.audio_samples_sent, pacer.queued_ms
+    pacer.hold()
+    for _ in range(5):
+        await pacer.recv()  # silence, from the very next frame
+    assert pacer.stats.audio_samples_sent == sent and pacer.queued_ms == queued
+    assert pacer.stats.silence_frames == 5 and pacer.stats.holds == 1
+    pacer.release()
+    await pacer.recv()
+    assert pacer.stats.audio_samples_sent == sent + FRAME_SAMPLES  # the next piece, nothing skipped
 
 
 async def test_a_stalled_loop_restarts_the_clock_instead_of_bursting():
