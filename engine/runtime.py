@@ -44,6 +44,7 @@ from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, Fr
 from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import FRAME_S, StreamDecoder, SttModel, frame_outputs, load_model
+from .text import MAX_PENDING_CHARS
 from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
 log = logging.getLogger(__name__)
@@ -459,9 +460,15 @@ class SttStepper(SlotTable):
 
 # -- text-to-speech ---------------------------------------------------------------------------
 
-TTS_FIRST_FRAMES = 4  # a reply's first render: 46 ms of audio, small so that it is out fast
+TTS_FIRST_FRAMES = 8  # a reply's first render: 93 ms of audio (4 frames would be out ~1 ms sooner, but
+# then the next chunk must follow within 46 ms, which a loaded tick does not always manage)
 TTS_FRAMES_PER_TICK = 8  # then up to 93 ms per 40 ms tick: 2.3x real time builds a lead quickly
 TTS_MAX_LEAD_S = 0.4  # a stream this far ahead of its playout clock sits a tick out: others go first
+TTS_LOW_LEAD_S = 0.2  # a stream with less lead than this (just started, or after a slow tick) renders double
+TTS_TEXT_PIECE_CHARS = 64  # text is queued in pieces this long ...
+TTS_READY_FRAMES = 24  # ... and phonemized and encoded only while a stream has fewer frames ready
+# (280 ms): a long reply's text is spread over many ticks instead of stalling one tick for all.
+TTS_ENCODE_MIN_IDS = 32  # ids gathered before one encoder call (each call has a fixed cost)
 _END_TEXT = object()  # inbox marker: the reply's text is complete
 
 
@@ -485,7 +492,9 @@ class RuntimeTtsStream:
         self.error: Optional[StreamFailed] = None
         self.closed = self.cancelled = False
         self._stepper = stepper
-        self._inbox: collections.deque = collections.deque()  # text deltas and _END_TEXT
+        self._inbox: collections.deque = collections.deque()  # text pieces and _END_TEXT
+        self._queued_chars = 0
+        self._queue_lock = threading.Lock()
         self.channel = EventQueue()
         self.text_at: Optional[float] = None  # first text pushed: time to first audio counts from here
         # Runtime-thread side:
@@ -502,7 +511,14 @@ class RuntimeTtsStream:
             return
         if self.text_at is None:
             self.text_at = time.perf_counter()
-        self._inbox.append(delta)
+        with self._queue_lock:
+            self._queued_chars += len(delta)
+            flooded = self._queued_chars > MAX_PENDING_CHARS
+        if flooded:  # this stream fails (StreamFailed from events()); the caller's loop carries on
+            self._stepper.release(self, ValueError(f"more than {MAX_PENDING_CHARS} characters of text waiting"))
+            return
+        # The front end releases the same phrases however the text is split (engine/text.py).
+        self._inbox.extend(delta[i:i + TTS_TEXT_PIECE_CHARS] for i in range(0, len(delta), TTS_TEXT_PIECE_CHARS))
         self._stepper.text_arrived(self)
 
     def end(self) -> None:
@@ -535,11 +551,22 @@ class RuntimeTtsStream:
 
     # -- runtime-thread side --
 
-    def take_text(self) -> list:
-        items = []
-        while self._inbox:
-            items.append(self._inbox.popleft())
-        return items
+    def has_text(self) -> bool:
+        return bool(self._inbox)
+
+    def take_ids(self) -> tuple[list[int], list[Optional[str]]]:
+        """Queued text through the front end until TTS_ENCODE_MIN_IDS ids (or the inbox) are out."""
+        ids: list[int] = []
+        labels: list[Optional[str]] = []
+        while self._inbox and len(ids) < TTS_ENCODE_MIN_IDS:
+            item = self._inbox.popleft()
+            if item is not _END_TEXT:
+                with self._queue_lock:
+                    self._queued_chars -= len(item)
+            new_ids, new_labels = self.schedule.end() if item is _END_TEXT else self.schedule.push_text(item)
+            ids += new_ids
+            labels += new_labels
+        return ids, labels
 
     def lead(self, now: float) -> float:
         """Seconds of audio out beyond what a listener would have heard by `now`."""
@@ -550,10 +577,11 @@ class TtsStepper(SlotTable):
     """TTS's part of a tick: new text of each stream through its encoder, then the next frames
     of every stream that needs audio through ONE batched decoder + vocoder step per chunk size.
 
-    Chunk sizes are powers of two (1..TTS_FRAMES_PER_TICK), so a tick makes at most a few
+    Chunk sizes are powers of two (1..2 x TTS_FRAMES_PER_TICK), so a tick makes at most a few
     batched calls however many streams there are. A stream renders TTS_FIRST_FRAMES on its
     first tick (time to first audio), then TTS_FRAMES_PER_TICK while its lead over real time
-    is under max_lead_s. The model runs in fp32 on every device: it is small, and the
+    is under max_lead_s, twice that while the lead is under TTS_LOW_LEAD_S (a slow tick can
+    come at any time: the lead is what absorbs it). The model runs in fp32 on every device: it is small, and the
     vocoder's phase needs the precision.
     """
 
@@ -610,7 +638,7 @@ class TtsStepper(SlotTable):
         for batch in chunks.values():
             self._render(batch, report)
         for stream in streams:
-            if not stream.closed and stream.schedule.done and not stream._inbox:
+            if not stream.closed and stream.schedule.done and not stream.has_text():
                 self.release(stream)
         return report
 
@@ -624,22 +652,18 @@ class TtsStepper(SlotTable):
                 s.fresh = False
 
     def _encode_text(self, stream: RuntimeTtsStream) -> None:
-        """Phonemize the stream's new text and run its ids through the encoder (batch of one:
-        a phrase at a time, a few times per reply; the per-frame work is what is batched)."""
+        """Phonemize the stream's queued text and run its ids through the encoder, until it has
+        TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply; the
+        per-frame work is what is batched)."""
         try:
-            ids: list[int] = []
-            labels: list[Optional[str]] = []
-            for item in stream.take_text():
-                new_ids, new_labels = stream.schedule.end() if item is _END_TEXT else stream.schedule.push_text(item)
-                ids += new_ids
-                labels += new_labels
-            if not ids or stream.closed:
-                return
-            slots = torch.tensor([stream.slot], device=self.device)
-            *encoder_state, history = self.encoder_pool.gather(slots)
-            encoder_state, embeddings = encode_ids(self.model, stream.schedule, ids, labels, encoder_state,
-                                                   history.embeddings)
-            self.encoder_pool.scatter(slots, encoder_state + [LookaheadHistory(embeddings)])
+            while stream.has_text() and stream.schedule.frames_ready() < TTS_READY_FRAMES and not stream.closed:
+                ids, labels = stream.take_ids()
+                if ids:
+                    slots = torch.tensor([stream.slot], device=self.device)
+                    *encoder_state, history = self.encoder_pool.gather(slots)
+                    encoder_state, embeddings = encode_ids(self.model, stream.schedule, ids, labels, encoder_state,
+                                                           history.embeddings)
+                    self.encoder_pool.scatter(slots, encoder_state + [LookaheadHistory(embeddings)])
         except Exception as exc:  # noqa: BLE001 - this stream's text only
             self.release(stream, exc)
 
@@ -652,7 +676,12 @@ class TtsStepper(SlotTable):
                 return 0
             if lead < 0 and ready == 0 and not stream.schedule.ended:
                 stream.playout_origin = now - stream.samples_out / TTS_SAMPLE_RATE  # waiting for text: a pause, not late
-        limit = TTS_FIRST_FRAMES if stream.playout_origin is None else TTS_FRAMES_PER_TICK
+        if stream.playout_origin is None:
+            limit = TTS_FIRST_FRAMES
+        elif stream.lead(now) < TTS_LOW_LEAD_S:
+            limit = 2 * TTS_FRAMES_PER_TICK
+        else:
+            limit = TTS_FRAMES_PER_TICK
         size = min(limit, ready)
         if size == 0:
             return 1 if stream.schedule.ready else 0  # flush word marks of zero-frame ids
