@@ -71,7 +71,7 @@ TALKING_OVER_S = 0.3  # a caller onset is a barge-in when Parley was audible thi
 STOP_TAIL_S = 1.0  # Parley's audio after response.interrupted arrived still counts as not yet stopped
 STAGES = ("end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "first_frame_ms", "total_ms",
           "browser_playout_ms")
-REPLY_EVENTS = ("response.audio.start", "response.audio.end", "response.interrupted", "metrics.turn")
+REPLY_EVENTS = ("response.audio.start", "response.audio.end", "response.paused", "response.interrupted", "metrics.turn")
 
 # Records [microphone, remote] as 2 channels of one worklet, from the moment both exist, and
 # the recorded length at which each reply event arrived (checked at every 128-sample chunk).
@@ -184,6 +184,7 @@ class ReplyTimes:
     start: float  # response.audio.start
     end: float = float("inf")  # response.audio.end or response.interrupted
     interrupted: Optional[float] = None
+    paused: Optional[float] = None  # the first response.paused
 
 
 def reply_times(events: list[dict], rate: int) -> list[ReplyTimes]:
@@ -192,6 +193,8 @@ def reply_times(events: list[dict], rate: int) -> list[ReplyTimes]:
         at = event["at"] / rate
         if event["type"] == "response.audio.start":
             replies.setdefault(event["turn"], ReplyTimes(at))
+        elif event["type"] == "response.paused" and event["turn"] in replies:
+            replies[event["turn"]].paused = replies[event["turn"]].paused or at
         elif event["type"] in ("response.audio.end", "response.interrupted") and event["turn"] in replies:
             replies[event["turn"]].end = min(replies[event["turn"]].end, at)
             if event["type"] == "response.interrupted":
@@ -204,6 +207,7 @@ class BargeIn:
     onset: float  # the caller started talking over the reply (s on the recording's clock)
     event_ms: Optional[float]  # onset -> response.interrupted arrived at the page; None: it never came
     stop_ms: Optional[float]  # onset -> end of Parley's last loud frame; None: not stopped
+    pause_ms: Optional[float] = None  # onset -> response.paused arrived at the page
 
 
 def barge_ins(remote_db: np.ndarray, onsets: list[float], replies: list[ReplyTimes]) -> list[BargeIn]:
@@ -217,11 +221,12 @@ def barge_ins(remote_db: np.ndarray, onsets: list[float], replies: list[ReplyTim
         if playing.interrupted is None:
             trials.append(BargeIn(onset, None, None))
             continue
+        pause_ms = (playing.paused - onset) * 1000 if playing.paused and playing.paused >= onset else None
         next_start = min((r.start for r in replies if r.start > playing.start), default=float("inf"))
         window_end = min(playing.interrupted + STOP_TAIL_S, next_start)
         heard = np.flatnonzero(loud[int(onset / FRAME_S): int(window_end / FRAME_S)])
         stop = onset + (heard[-1] + 1) * FRAME_S if len(heard) else onset
-        trials.append(BargeIn(onset, (playing.interrupted - onset) * 1000, (stop - onset) * 1000))
+        trials.append(BargeIn(onset, (playing.interrupted - onset) * 1000, (stop - onset) * 1000, pause_ms))
     return trials
 
 
@@ -279,6 +284,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     trials = barge_ins(remote_db, [start for start, _ in spoken], reply_times(events, rate))
     stops = [t.stop_ms for t in trials if t.stop_ms is not None]
     heard_by_parley = [t.event_ms for t in trials if t.event_ms is not None]
+    paused = [t.pause_ms for t in trials if t.pause_ms is not None]
     turns = [e for e in events if e["type"] == "metrics.turn"]
     return {
         "benchmark": "voice_to_voice",
@@ -293,6 +299,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "bargein_stop_ms": [round(x, 1) for x in stops],
         "bargein_event_ms_p50": round(statistics.median(heard_by_parley), 1) if heard_by_parley else None,
         "bargein_event_ms": [round(x, 1) for x in heard_by_parley],
+        "bargein_pause_event_ms_p50": round(statistics.median(paused), 1) if paused else None,
+        "bargein_pause_event_ms": [round(x, 1) for x in paused],
         "bargein_scheduled": len(barge_in_turns(args.turns, args.barge_ins)),
         "bargein_trials": len(trials),
         "bargein_stopped": len(stops),
@@ -311,6 +319,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                "its response.interrupted arrived",
             "bargein_event_ms": "the caller's onset -> response.interrupted arriving at the page (stopped trials, "
                                 "in the order of bargein_stop_ms)",
+            "bargein_pause_event_ms": "the caller's onset -> response.paused arriving at the page (the reply "
+                                      "was silenced from the frame after the gateway sent it)",
             "stages_ms_p50": "medians of the gateway's metrics.turn events (server clock; browser_playout_ms: "
                              "first frame sent -> the page's playout.started report arriving)",
         },

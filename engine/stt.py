@@ -143,6 +143,7 @@ class StreamDecoder:
         self.frame = 0
         self.ctc = GreedyCtc()
         self._last_partial = ""
+        self._last_partial_frame = -PARTIAL_EVERY_FRAMES
         self._speech_frames = 0
         self._in_speech = False
 
@@ -155,8 +156,9 @@ class StreamDecoder:
         if not self._in_speech and self._speech_frames >= SPEECH_START_FRAMES and text:
             self._in_speech = True
             events.append(SpeechStart(t=(self.frame - self._speech_frames + 1) * FRAME_S))
-        if grew and text != self._last_partial and self.frame % PARTIAL_EVERY_FRAMES == 0:
-            self._last_partial = text
+        if grew and text != self._last_partial and self.frame - self._last_partial_frame >= PARTIAL_EVERY_FRAMES:
+            # The turn's first partial goes out on its first character: a barge-in pauses on it.
+            self._last_partial, self._last_partial_frame = text, self.frame
             events.append(Partial(text))
         if self._in_speech and text and eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD:
             events += [Final(text, self.ctc.words()), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
