@@ -1,0 +1,26 @@
+"""bench/engine_capacity.py runs end to end on a tiny size and reports every field (the
+figures themselves are the benchmark's business, not a test's)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_capacity_bench_reports_full_duplex_rows():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engine_capacity.py"), "--sizes", "2", "--seconds", "3",
+         "--warm-up", "0.5", "--no-stop", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["device"] == "cpu" and report["ttfa_budget_ms"] == 100.0 and len(report["rows"]) == 1
+    row = report["rows"][0]
+    for field in ("lag_ms_p95", "tick_ms_p99", "ttfa_ms_p50", "ttfa_ms_p95", "replies", "late_audio_chunks",
+                  "state_bytes_per_stream", "within_budget"):
+        assert field in row
+    assert row["n"] == 2 and row["streams_failed"] == 0 and row["frames"] > 0
+    assert row["replies"] >= 1 and row["ttfa_ms_p50"] > 0, "every call starts a reply in the window"
+    assert report["max_streams"] in (0, 2)
