@@ -207,7 +207,7 @@ def test_shard_format(shard_dir):
 
 
 def test_dataset_yields_endless_augmented_examples(shard_dir):
-    ds = SttDataset([str(shard_dir)], seed=3)
+    ds = SttDataset([str(shard_dir)], seed=3, non_speech_share=0.0)
     it = iter(ds)
     examples = [next(it) for _ in range(50)]              # more than the 36 stored: endless
     for ex in examples:
@@ -219,10 +219,20 @@ def test_dataset_yields_endless_augmented_examples(shard_dir):
     assert len({ex["text"] for ex in examples[:36]}) > 20      # shuffled across shards
 
 
+def test_dataset_mixes_in_line_noise_with_no_speech(shard_dir):
+    it = iter(SttDataset([str(shard_dir)], seed=4, non_speech_share=0.5))
+    examples = [next(it) for _ in range(40)]
+    noise = [ex for ex in examples if ex["engine"] == "noise"]
+    assert 5 <= len(noise) <= 35 and len(noise) < len(examples)
+    for ex in noise:
+        assert ex["text"] == "" and (ex["eot"] == PAUSE).all()
+        assert ex["audio"].dtype == np.float32 and np.abs(ex["audio"]).max() < 0.2
+
+
 def test_dataset_workers_read_disjoint_shards(shard_dir):
     seen = []
     for rank in range(2):
-        ds = SttDataset([str(shard_dir)], seed=0, augment=False, rank=rank, world_size=2)
+        ds = SttDataset([str(shard_dir)], seed=0, augment=False, rank=rank, world_size=2, non_speech_share=0.0)
         it = iter(ds)
         seen.append({next(it)["text"] for _ in range(60)})
     assert seen[0] and seen[1] and not seen[0] & seen[1]

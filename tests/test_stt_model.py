@@ -61,3 +61,10 @@ def test_recognizer_streams_events_without_crashing_on_odd_audio():
     with pytest.raises(ValueError):
         recognizer.push(np.array([np.nan], dtype=np.float32))
     assert isinstance(transcribe(model, np.zeros(100, np.int16)), str)
+
+
+def test_checkpoint_choices_never_look_at_the_blind_voices():
+    from engine.train.train_stt import BLIND_FOLDERS, selection_wer
+
+    results = {"flite_slt": 0.4, "kokoro_mix_heldout": 0.2, **{name: 0.0 for name in BLIND_FOLDERS}}
+    assert selection_wer(results) == pytest.approx(0.3)

@@ -22,13 +22,14 @@ import os
 import numpy as np
 import torch
 
-from engine.train.augment import Augmenter, AugmentConfig
+from engine.train.augment import Augmenter, AugmentConfig, colored_noise
 
 SAMPLE_RATE = 16000       # Hz
 EOT_FRAME = 640           # samples per label frame: 40 ms at 16 kHz
 SPEECH, PAUSE, END = 0, 1, 2
 SHARDS_OPEN = 4           # shards whose utterances are pooled and shuffled together
 MAX_SECONDS = 20.0        # longer examples are skipped (memory per batch)
+NON_SPEECH_SHARE = 0.05   # examples of line noise alone: empty transcript, no speech frame
 
 
 def eot_labels(n_samples: int, spans) -> np.ndarray:
@@ -65,6 +66,19 @@ def list_shards(dirs) -> list[str]:
     return out
 
 
+def non_speech_example(rng: np.random.Generator) -> dict:
+    """1-6 s of what a line carries between words: digital silence, or white to brown noise
+    from -75 to -35 dBFS. Without these the model learns that sound is always speech, and
+    reads comfort noise as "mmmm"."""
+    n = int(rng.uniform(1.0, 6.0) * SAMPLE_RATE)
+    if rng.random() < 0.15:
+        x = np.zeros(n, np.float32)
+    else:
+        x = colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) * 10 ** (rng.uniform(-75, -35) / 20)
+    return {"audio": x.astype(np.float32), "text": "", "eot": eot_labels(n, []), "speaker": "none",
+            "engine": "noise"}
+
+
 def make_example(pcm, spans, text: str, speaker: str, engine: str, augment: Augmenter | None) -> dict:
     """One training example in the format the trainer consumes."""
     x = pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else np.asarray(pcm, np.float32)
@@ -85,8 +99,10 @@ class SttDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, shard_dirs=("data/stt",), real=(), seed: int = 0, augment: bool = True,
                  augment_config: AugmentConfig | None = None, real_weight: float = 0.5,
-                 rank: int = 0, world_size: int = 1, max_seconds: float = MAX_SECONDS):
+                 rank: int = 0, world_size: int = 1, max_seconds: float = MAX_SECONDS,
+                 non_speech_share: float = NON_SPEECH_SHARE):
         super().__init__()
+        self.non_speech_share = non_speech_share
         self.shard_dirs, self.real, self.seed = list(shard_dirs), list(real), seed
         self.augment, self.augment_config = augment, augment_config
         self.real_weight = real_weight if self.real else 0.0
@@ -104,6 +120,9 @@ class SttDataset(torch.utils.data.IterableDataset):
         synth = self._synthetic(rng, aug, sid, n_streams)
         real = self._real(rng, aug, sid, n_streams) if self.real else None
         while True:
+            if rng.random() < self.non_speech_share:
+                yield non_speech_example(rng)
+                continue
             src = real if real is not None and rng.random() < self.real_weight else synth
             ex = next(src, None)
             if ex is None:
