@@ -260,7 +260,7 @@ class StepReport:
     lags: list[float] = field(default_factory=list)  # per stepped frame, seconds since its audio arrived
     backlog: int = 0  # most model frames any stream still has waiting after the tick
     ttfas: list[float] = field(default_factory=list)  # TTS: seconds from a reply's first text to its first audio
-    late_audio: list[float] = field(default_factory=list)  # TTS: seconds a chunk came after its playout time
+    late_audio_chunks: int = 0  # TTS: chunks that came after their playout time
 
 
 class Stepper(Protocol):
@@ -581,8 +581,8 @@ class TtsStepper(SlotTable):
     batched calls however many streams there are. A stream renders TTS_FIRST_FRAMES on its
     first tick (time to first audio), then TTS_FRAMES_PER_TICK while its lead over real time
     is under max_lead_s, twice that while the lead is under TTS_LOW_LEAD_S (a slow tick can
-    come at any time: the lead is what absorbs it). The model runs in fp32 on every device: it is small, and the
-    vocoder's phase needs the precision.
+    come at any time: the lead is what absorbs it). The model runs in fp32 on every device:
+    it is small, and the vocoder's phase needs the precision.
     """
 
     kind = "TTS"
@@ -628,6 +628,7 @@ class TtsStepper(SlotTable):
         for stream in streams:
             if stream.closed:
                 continue
+            self._pause_clock_while_waiting_for_text(stream, now)
             size = self._chunk_size(stream, now)
             vectors, positions, marks = stream.schedule.take(size) if size else (None, None, [])
             if vectors is None:
@@ -667,15 +668,19 @@ class TtsStepper(SlotTable):
         except Exception as exc:  # noqa: BLE001 - this stream's text only
             self.release(stream, exc)
 
+    @staticmethod
+    def _pause_clock_while_waiting_for_text(stream: RuntimeTtsStream, now: float) -> None:
+        """A reply that ran out of audio because its text has not come yet pauses; its next
+        chunk is not late."""
+        if (stream.playout_origin is not None and stream.lead(now) < 0 and not stream.schedule.frames_ready()
+                and not stream.schedule.ended):
+            stream.playout_origin = now - stream.samples_out / TTS_SAMPLE_RATE
+
     def _chunk_size(self, stream: RuntimeTtsStream, now: float) -> int:
         """Frames to render for this stream this tick: 0, or a power of two."""
         ready = stream.schedule.frames_ready()
-        if stream.playout_origin is not None:
-            lead = stream.lead(now)
-            if lead > self.max_lead_s:
-                return 0
-            if lead < 0 and ready == 0 and not stream.schedule.ended:
-                stream.playout_origin = now - stream.samples_out / TTS_SAMPLE_RATE  # waiting for text: a pause, not late
+        if stream.playout_origin is not None and stream.lead(now) > self.max_lead_s:
+            return 0
         if stream.playout_origin is None:
             limit = TTS_FIRST_FRAMES
         elif stream.lead(now) < TTS_LOW_LEAD_S:
@@ -710,9 +715,9 @@ class TtsStepper(SlotTable):
             if stream.playout_origin is None:
                 stream.playout_origin = now
                 report.ttfas.append(now - (stream.text_at or now))
-                self._wake()  # the first chunk is short: the next one follows at once, not a period later
+                self._wake()  # the next chunk follows at once, not a period later: the lead builds fast
             elif stream.lead(now) < 0:
-                report.late_audio.append(-stream.lead(now))
+                report.late_audio_chunks += 1
             for mark in marks:
                 stream.channel.put(mark)
             stream.channel.put(Audio(samples, TTS_SAMPLE_RATE))
@@ -782,7 +787,7 @@ class TickMetrics:
             for report in reports:
                 self.lags.extend(report.lags)
                 self.ttfas.extend(report.ttfas)
-                self.late_audio_chunks += len(report.late_audio)
+                self.late_audio_chunks += report.late_audio_chunks
 
     def recent(self, count: int) -> list[float]:
         with self._lock:
