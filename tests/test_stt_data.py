@@ -207,7 +207,7 @@ def test_shard_format(shard_dir):
 
 
 def test_dataset_yields_endless_augmented_examples(shard_dir):
-    ds = SttDataset([str(shard_dir)], seed=3, non_speech_share=0.0)
+    ds = SttDataset([str(shard_dir)], seed=3, non_speech_share=0.0, echo_residue_share=0.0)
     it = iter(ds)
     examples = [next(it) for _ in range(50)]              # more than the 36 stored: endless
     for ex in examples:
@@ -229,10 +229,33 @@ def test_dataset_mixes_in_line_noise_with_no_speech(shard_dir):
         assert ex["audio"].dtype == np.float32 and np.abs(ex["audio"]).max() < 0.2
 
 
+def test_dataset_mixes_in_echo_residue_far_below_any_caller(shard_dir):
+    it = iter(SttDataset([str(shard_dir)], seed=5, non_speech_share=0.0, echo_residue_share=0.5))
+    examples = [next(it) for _ in range(40)]
+    residue = [ex for ex in examples if ex["engine"] == "echo_residue"]
+    speech = [ex for ex in examples if ex["engine"] != "echo_residue"]
+    assert 5 <= len(residue) <= 35 and speech
+    quietest_speech = min(np.sqrt(np.mean(ex["audio"] ** 2)) for ex in speech)
+    for ex in residue:
+        assert ex["text"] == "" and (ex["eot"] == PAUSE).all()
+        assert np.isfinite(ex["audio"]).all() and ex["audio"].dtype == np.float32
+        assert np.sqrt(np.mean(ex["audio"] ** 2)) < quietest_speech / 10     # > 20 dB below
+
+
+def test_training_batches_keep_examples_with_nothing_to_write():
+    from engine.train.train_stt import SETTINGS, batches
+    examples = [{"audio": np.zeros(SR, np.float32), "text": "", "eot": np.full(25, PAUSE, np.int8)},
+                {"audio": np.zeros(SR, np.float32), "text": "hello", "eot": np.zeros(25, np.int8)}] * 20
+    cfg = dict(SETTINGS, batch_seconds=4.0, bucket_batches=2)
+    batch = [e for b in zip(range(4), batches(iter(examples * 10), cfg)) for e in b[1]]
+    assert {e["text"] for e in batch} == {"", "hello"}
+
+
 def test_dataset_workers_read_disjoint_shards(shard_dir):
     seen = []
     for rank in range(2):
-        ds = SttDataset([str(shard_dir)], seed=0, augment=False, rank=rank, world_size=2, non_speech_share=0.0)
+        ds = SttDataset([str(shard_dir)], seed=0, augment=False, rank=rank, world_size=2, non_speech_share=0.0,
+                        echo_residue_share=0.0)
         it = iter(ds)
         seen.append({next(it)["text"] for _ in range(60)})
     assert seen[0] and seen[1] and not seen[0] & seen[1]
@@ -282,7 +305,8 @@ def test_real_folder_loader(tmp_path):
     found = speech_spans(x)
     assert len(found) == 2 and abs(found[0][0] - spans[0][0]) < 0.05 * SR
 
-    ds = SttDataset([str(tmp_path / "no-shards")], real=[str(tmp_path / "calls")], seed=1)
+    ds = SttDataset([str(tmp_path / "no-shards")], real=[str(tmp_path / "calls")], seed=1,
+                    non_speech_share=0.0, echo_residue_share=0.0)
     it = iter(ds)
     assert {next(it)["text"] for _ in range(10)} == {"order number twelve please", "yes"}
 

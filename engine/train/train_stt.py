@@ -91,7 +91,9 @@ def batches(dataset, cfg: dict):
         pool, seconds = [], 0.0
         while seconds < cfg["batch_seconds"] * cfg["bucket_batches"]:
             example = next(stream)
-            if encode_text(example["text"]) and model_frames(len(example["audio"])) > 0:
+            # An empty transcript is a lesson too (noise, echo residue: write nothing), but a
+            # text with no character the model can write would teach it to drop words.
+            if (encode_text(example["text"]) or not example["text"]) and model_frames(len(example["audio"])) > 0:
                 pool.append(example)
                 seconds += len(example["audio"]) / SAMPLE_RATE
         pool.sort(key=lambda e: len(e["audio"]))
