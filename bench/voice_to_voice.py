@@ -127,6 +127,33 @@ FETCH = """
 """
 
 
+# The browser's receive jitter buffer (NetEq): mean delay of the samples it played out.
+BROWSER_JITTER_DELAY = """
+async () => {
+  const stats = await window.parley.pc.getStats();
+  for (const report of stats.values()) {
+    if (report.type === "inbound-rtp" && report.kind === "audio" && report.jitterBufferEmittedCount)
+      return Math.round(1000 * report.jitterBufferDelay / report.jitterBufferEmittedCount * 10) / 10;
+  }
+  return null;
+}
+"""
+
+
+def gateway_delays(prometheus_text: str) -> dict[str, Optional[float]]:
+    """Mean inbound jitter-buffer delay and the engine's recent STT lag p95, from /metrics."""
+    values = {}
+    for line in prometheus_text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    count = values.get("parley_jitter_buffer_delay_ms_count")
+    mean = values["parley_jitter_buffer_delay_ms_sum"] / count if count else None
+    lag = values.get("parley_engine_stt_lag_p95_seconds")
+    return {"gateway_jitter_buffer_ms_mean": round(mean, 1) if mean is not None else None,
+            "engine_stt_lag_ms_p95": round(lag * 1000, 1) if lag is not None else None}
+
+
 def barge_in_turns(turns: int, barge_ins: int) -> set[int]:
     """Which turns talk over the reply before them: every other one, from the second."""
     return set(list(range(1, turns, 2))[:barge_ins])
@@ -264,10 +291,14 @@ async def record_call(args: argparse.Namespace, wav: Path, seconds: float) -> tu
             rate = await page.evaluate("window.__v2v.rate")
             raw = np.frombuffer(base64.b64decode(await page.evaluate(FETCH)), dtype="<f4")
             events = await page.evaluate("window.__v2v.events")
+            delays = {"browser_jitter_buffer_ms_mean": await page.evaluate(BROWSER_JITTER_DELAY)}
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/metrics") as response:
+                    delays.update(gateway_delays(await response.text()))
             await browser.close()
     finally:
         await kill(proc)
-    return raw.reshape(2, -1), rate, events
+    return raw.reshape(2, -1), rate, events, delays
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,7 +306,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     wav = work / "caller.wav"
     seconds = caller_wav(Path(args.speech), args.turns, args.barge_ins, args.lead_in_s, args.gap_s,
                          args.barge_in_after_s, wav)
-    (mic, remote), rate, events = await record_call(args, wav, seconds + 4.0)
+    (mic, remote), rate, events, delays = await record_call(args, wav, seconds + 4.0)
     mic_db, remote_db = frame_dbfs(mic, rate), frame_dbfs(remote, rate)
     spoken = utterances(mic_db)
     ends = [end for _, end in spoken]
@@ -308,6 +339,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "stages_ms_p50": {s: (round(statistics.median([t[s] for t in turns if t.get(s) is not None]), 1)
                               if any(t.get(s) is not None for t in turns) else None) for s in STAGES},
         "interruptions": sum(e["type"] == "response.interrupted" for e in events),
+        "path_delays": delays,
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "definitions": {
             "v2v_ms": "end of the caller's utterance (mic channel) -> first 10 ms of Parley's audio above "
@@ -319,6 +351,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                "its response.interrupted arrived",
             "bargein_event_ms": "the caller's onset -> response.interrupted arriving at the page (stopped trials, "
                                 "in the order of bargein_stop_ms)",
+            "path_delays": "where audio waits: the browser's receive jitter buffer (mean over the call), "
+                           "the gateway's (mean), the engine's audio-pushed -> frame-recognized lag (recent p95)",
             "bargein_pause_event_ms": "the caller's onset -> response.paused arriving at the page (the reply "
                                       "was silenced from the frame after the gateway sent it)",
             "stages_ms_p50": "medians of the gateway's metrics.turn events (server clock; browser_playout_ms: "

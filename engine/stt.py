@@ -38,7 +38,10 @@ PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
 END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn: 0.5 ended 55-65 % of held-out
 # utterances early; 0.9 cuts that to 25-30 % at 320-540 ms median latency (MODEL_CARD.md)
 SPEECH_START_FRAMES = 2  # consecutive non-blank/speech frames that mark speech start (once a
-# character has been recognised: the end-of-turn head alone says "speech" in plain silence)
+# character has been recognised: the shipped model's end-of-turn head alone says "speech" in
+# faint noise and in a buzz; MODEL_CARD.md has a checkpoint whose head could start turns alone)
+SILENT_TURN_END_FRAMES = 30  # 1.2 s without speech after words ends the turn even when the end-of-turn
+# head is unsure (a voice unlike those it learned); mid-turn pauses are 0.3-0.9 s
 SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
 
 
@@ -145,6 +148,7 @@ class StreamDecoder:
         self._last_partial = ""
         self._last_partial_frame = -PARTIAL_EVERY_FRAMES
         self._speech_frames = 0
+        self._quiet_frames = 0
         self._in_speech = False
 
     def on_frame(self, token: int, eot: Sequence[float]) -> list[SttEvent]:
@@ -152,6 +156,7 @@ class StreamDecoder:
         grew = self.ctc.push(token, self.frame)
         speaking = token != BLANK or max(range(len(eot)), key=eot.__getitem__) == SPEECH
         self._speech_frames = self._speech_frames + 1 if speaking else 0
+        self._quiet_frames = 0 if speaking else self._quiet_frames + 1
         text = self.ctc.text()
         if not self._in_speech and self._speech_frames >= SPEECH_START_FRAMES and text:
             self._in_speech = True
@@ -160,7 +165,8 @@ class StreamDecoder:
             # The turn's first partial goes out on its first character: a barge-in pauses on it.
             self._last_partial, self._last_partial_frame = text, self.frame
             events.append(Partial(text))
-        if self._in_speech and text and eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD:
+        if self._in_speech and text and (eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD
+                                         or self._quiet_frames >= SILENT_TURN_END_FRAMES):
             events += [Final(text, self.ctc.words()), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
             self._close_turn()
         self.frame += 1
@@ -177,7 +183,7 @@ class StreamDecoder:
         self.ctc.reset()
         self._last_partial = ""
         self._in_speech = False
-        self._speech_frames = 0
+        self._speech_frames = self._quiet_frames = 0
 
 
 class Recognizer:

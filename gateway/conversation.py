@@ -15,15 +15,18 @@ words, the held text is spoken at once (the responder's latency is hidden behind
 end-of-turn decision); if the caller says more, the attempt is cancelled unheard.
 
 Barge-in, in two steps. (1) The caller makes a sound over the reply (the recognizer's
-SpeechStart, or any partial text) while the echo suppressor hears the caller's own voice
-over Parley's: the reply is paused (the pacer holds; the next 20 ms frame is silence) and
-`response.paused` is sent. (2) If the recognizer hears a word within FALSE_INTERRUPTION_S
-(letters with a vowel: "no", "wait" — not the "s" or "o" it can make of a cough, a breath
-or residual echo), the queued audio is dropped, the TTS stream and the responder are
-cancelled, `response.interrupted {heard_text, played_ms}` is sent and the history keeps
-only the words the caller heard (from the TTS word marks and the pacer's played-sample
-count, which stopped at the pause). A cough or an "mm-hm" yields no word: the reply plays
-on from where it paused (`response.continued {paused_ms}`).
+SpeechStart or any partial text) and the echo suppressor hears the caller's own voice over
+Parley's (asked on every inbound frame for ONSET_AUDIBLE_S after the SpeechStart: a soft
+onset comes through the suppressor later): the reply is paused (the pacer holds; the next
+20 ms frame is silence) and `response.paused` is sent. (2) If the
+recognizer hears a word (letters with a vowel: "no", "wait" — not the "s" or "o" it can
+make of a cough, a breath or residual echo), the queued audio is dropped, the TTS stream
+and the responder are cancelled, `response.interrupted {heard_text, played_ms}` is sent
+and the history keeps only the words the caller heard (from the TTS word marks and the
+pacer's played-sample count, which stopped at the pause). A cough or an "mm-hm" yields no
+word: once FALSE_INTERRUPTION_S have passed and the sound has ended (its Final or end of
+turn), or after MAX_PAUSE_S in any case, the reply plays on from where it paused
+(`response.continued {paused_ms}`).
 
 Echo: callers without echo cancellation hear Parley in their microphone; the caller's audio
 goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
@@ -81,6 +84,8 @@ RESUME_MODES = ("continue", "drop")  # what a resumed session does with a reply 
 WATCH_EVERY_S = 0.1  # how often the idle and turn-length limits (and speculation) are checked
 SPECULATE_AFTER_S = 0.3  # a partial unchanged this long starts the responder early
 FALSE_INTERRUPTION_S = 0.6  # a reply paused for the caller's sound plays on if no word follows this soon
+ONSET_AUDIBLE_S = 0.2  # after a SpeechStart, each inbound frame asks whether the caller is audible yet
+MAX_PAUSE_S = 2.0  # ... and once the sound has ended; a wordless sound longer than this is not a turn
 PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
@@ -226,6 +231,9 @@ class Conversation:
         self._speculation: Optional[Speculation] = None
         self._awaiting_playout: dict[int, float] = {}  # turn -> when its first frame was sent (monotonic)
         self._paused_at: Optional[float] = None  # the reply was paused for the caller's sound (monotonic)
+        self._caller_quiet = asyncio.Event()  # cleared from SpeechStart until the Final or end of turn
+        self._caller_quiet.set()
+        self._onset_at: Optional[float] = None  # the last SpeechStart (s of caller audio pushed)
         events.handle("playout.started", self.on_playout_started)
 
     # -- Mode --------------------------------------------------------------------------------
@@ -233,6 +241,8 @@ class Conversation:
     def on_audio(self, pcm: np.ndarray) -> None:
         self._pushed_samples += len(pcm)
         self.stt.push(self.echo.process(pcm))
+        if self._onset_at is not None and self._pushed_samples / STT_RATE - self._onset_at < ONSET_AUDIBLE_S:
+            self._maybe_pause()  # the recognizer heard a sound start; the caller's voice may only now come through
 
     def _on_sent(self, pcm48k: np.ndarray) -> None:
         """The pacer sent a frame: it is the echo reference (decimated to 16 kHz; the TTS
@@ -268,6 +278,11 @@ class Conversation:
     def on_stt_event(self, event: Any) -> None:
         """One recognizer event (SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
         self._heard_caller(event)
+        if isinstance(event, SpeechStart):
+            self._caller_quiet.clear()
+            self._onset_at = self._pushed_samples / STT_RATE
+        elif isinstance(event, (Final, EndOfTurn)):
+            self._caller_quiet.set()
         if isinstance(event, SpeechStart):
             self._on_speech_start()
         elif isinstance(event, Partial):
@@ -323,10 +338,12 @@ class Conversation:
         self.events.emit("turn.end", confidence=round(event.confidence, 3), **({"forced": True} if forced else {}))
         speculation, self._speculation = self._speculation, None
         self._partial = ("", 0.0)
-        if not self._user_text:
+        if not self._user_text:  # a turn with no words (a cough, noise) starts nothing
             if speculation is not None:
                 speculation.cancel()
-            return  # a turn with no words (noise) starts nothing
+            if self.state == "user_speaking":
+                self._set_state("listening")
+            return
         text = " ".join(self._user_text)
         self._user_text = []
         self.history.append(Turn("user", text))
@@ -552,7 +569,7 @@ class Conversation:
         """The caller may be starting to talk over the reply: silence it from the next frame,
         and play on if no word follows within FALSE_INTERRUPTION_S."""
         if self.state != "speaking" or self._paused_at is not None or not self.echo.caller_audible():
-            return
+            return  # (a soft onset is often not yet audible over the echo: on_audio asks again each frame)
         self._paused_at = time.monotonic()
         self.pacer.hold()
         self.events.emit("response.paused", turn=self.reply.turn)
@@ -560,6 +577,10 @@ class Conversation:
 
     async def _play_on_unless_words(self, reply: Reply) -> None:
         await asyncio.sleep(FALSE_INTERRUPTION_S)
+        # A caller still making sound may yet say a word (the pause comes on the onset, before
+        # the recognizer has a character): play on once the sound has ended.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._caller_quiet.wait(), MAX_PAUSE_S - FALSE_INTERRUPTION_S)
         if self.reply is reply and self._paused_at is not None:
             paused_ms = round((time.monotonic() - self._paused_at) * 1000)
             self._end_pause()

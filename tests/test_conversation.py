@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
-from gateway.conversation import Conversation
+from gateway.conversation import FALSE_INTERRUPTION_S, MAX_PAUSE_S, Conversation
 from gateway.events import EventChannel
 from gateway.pacer import PacedAudioTrack
 from gateway.responders import EchoResponder, Handoff, Responder
@@ -259,6 +259,23 @@ async def test_a_cough_or_mm_hm_does_not_stop_the_reply(harness):
     assert h.conversation.history[-1].heard_text == "You said: " + LONG
 
 
+async def test_a_reply_stays_paused_while_the_caller_is_still_making_sound(harness):
+    h = await long_reply_playing(harness, 4)
+    h.conversation.on_stt_event(SpeechStart(3.0))
+    await asyncio.sleep(FALSE_INTERRUPTION_S + 0.3)
+    assert h.pacer.held and "response.continued" not in h.types(), "no Final or end of turn yet: still sounding"
+    h.conversation.on_stt_event(Partial("hold on"))
+    assert (await h.wait_for("response.interrupted"))["heard_text"], "the word came late, but it came"
+
+
+async def test_a_long_wordless_sound_pauses_the_reply_for_a_bounded_time(harness):
+    h = await long_reply_playing(harness, 4)
+    h.conversation.on_stt_event(SpeechStart(3.0))   # a recognizer that hears speech in a buzz
+    continued = await h.wait_for("response.continued")
+    assert continued["paused_ms"] >= (MAX_PAUSE_S - 0.1) * 1000 and not h.pacer.held
+    await h.wait_for("response.audio.end")
+
+
 async def test_a_failing_responder_apologises_instead_of_going_silent(harness):
     h = harness(OpenAIResponder(f"http://127.0.0.1:{free_port()}/v1", "model", "key", "", 2.0, 5.0, None))
     h.say("what are your opening hours")
@@ -303,6 +320,7 @@ async def test_a_turn_without_words_starts_nothing(harness):
     await asyncio.sleep(0.2)
     assert "response.text.delta" not in h.types() and h.conversation.reply is None
     assert h.types() == ["turn.end"]
+    assert h.conversation.state == "listening", "a cough must not leave the call waiting for words"
 
 
 async def test_a_reconnected_caller_hears_the_rest_of_the_cut_off_reply(harness):

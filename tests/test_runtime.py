@@ -8,6 +8,7 @@ cannot change an outcome.
 import asyncio
 import copy
 import math
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import torch
 
 from engine import weights
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechStart, SttStream
-from engine.runtime import CapacityError, Runtime, SpeechEngine, StreamFailed
+from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
+                            frame_end_sample)
 from engine.stt import END_OF_TURN, Recognizer, SttConfig, SttModel, load_model
 
 RATE = 16000
@@ -275,6 +277,27 @@ async def test_engine_thread_delivers_events_and_stops_cleanly():
     assert engine.runtime.stt.free_slots() == 4
     with pytest.raises(RuntimeError, match="without text-to-speech"):
         engine.open_tts("caller", "default")
+
+
+def test_a_completed_frame_wakes_a_lightly_loaded_loop_and_waits_under_load():
+    runtime = Runtime(small_model(), max_streams=2, device="cpu", tick_s=3600.0)  # periods never come
+    runtime.start()
+    try:
+        stream = runtime.open_stt("caller")
+        stream.push(speechy(1.0, seed=5)[:frame_end_sample(0) - 1])
+        stream.push(speechy(1.0, seed=5)[frame_end_sample(0) - 1:frame_end_sample(2)])
+        deadline = time.monotonic() + EVENT_DEADLINE_S
+        while runtime.stats().frames < 3:
+            assert time.monotonic() < deadline, "the frames waited for the next period"
+            time.sleep(0.01)
+    finally:
+        runtime.close()
+    busy = Runtime(small_model(), max_streams=1, device="cpu")
+    busy._update_load(time.perf_counter(), EARLY_TICK_BUSY * BUSY_WINDOW_S)   # a second's worth of ticking
+    stream = busy.open_stt("caller")
+    busy._wake.clear()
+    stream.push(np.zeros(frame_end_sample(4), np.float32))
+    assert not busy._wake.is_set(), "under load a frame waits for the period, to batch with the others"
 
 
 def test_half_precision_weights_keep_fp32_states():

@@ -226,7 +226,16 @@ def test_dataset_mixes_in_line_noise_with_no_speech(shard_dir):
     assert 5 <= len(noise) <= 35 and len(noise) < len(examples)
     for ex in noise:
         assert ex["text"] == "" and (ex["eot"] == PAUSE).all()
-        assert ex["audio"].dtype == np.float32 and np.abs(ex["audio"]).max() < 0.2
+        assert ex["audio"].dtype == np.float32 and np.abs(ex["audio"]).max() <= 1.01
+
+
+def test_line_tones_are_periodic_sounds_at_unit_peak():
+    from engine.train.stt_data import line_tones
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        x = line_tones(rng, SR)
+        assert x.dtype == np.float32 and len(x) == SR and np.isfinite(x).all()
+        assert 0.99 <= np.abs(x).max() <= 1.0 + 1e-6
 
 
 def test_dataset_mixes_in_echo_residue_far_below_any_caller(shard_dir):

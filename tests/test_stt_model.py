@@ -6,7 +6,8 @@ import torch
 
 from engine.audio import N_FFT, HOP_LENGTH, StreamingLogMel, log_mel, stack_frames
 from engine.interface import EndOfTurn, Final, Partial, SpeechStart
-from engine.stt import GreedyCtc, Recognizer, SttConfig, SttModel, VOCAB, encode_text, transcribe
+from engine.stt import (BLANK, SILENT_TURN_END_FRAMES, GreedyCtc, Recognizer, StreamDecoder, SttConfig, SttModel,
+                        VOCAB, encode_text, transcribe)
 
 
 def test_streaming_log_mel_equals_offline():
@@ -46,6 +47,18 @@ def test_greedy_ctc_text_and_word_times():
     assert decoder.text() == "hi yo"
     (w1, s1, e1), (w2, s2, e2) = decoder.words()
     assert (w1, w2) == ("hi", "yo") and s1 < e1 <= s2 < e2
+
+
+SPEECH_FRAME, QUIET_FRAME = (0.9, 0.1, 0.0), (0.05, 0.9, 0.05)
+
+
+def test_silence_after_words_ends_the_turn_when_the_head_is_unsure():
+    decoder = StreamDecoder()
+    decoder.on_frame(BLANK, SPEECH_FRAME)
+    decoder.on_frame(encode_text("o")[0], SPEECH_FRAME)
+    events = [decoder.on_frame(BLANK, QUIET_FRAME) for _ in range(SILENT_TURN_END_FRAMES)]
+    assert all(e == [] for e in events[:-1]), "a mid-turn pause is not the end"
+    assert [type(e) for e in events[-1]] == [Final, EndOfTurn]
 
 
 def test_recognizer_streams_events_without_crashing_on_odd_audio():

@@ -19,9 +19,10 @@ from engine.interface import EndOfTurn, Final, Partial, SpeechStart
 from engine.stt import SHIPPED_WEIGHTS, Recognizer, load_model, transcribe
 from engine.train.textnorm import normalize_for_wer
 from engine.wavfile import read_wav
-from engine.wer import word_error_rate
+from engine.wer import char_error_rate, word_error_rate
 
-SPEECH = Path(__file__).parent / "data" / "speech"
+SPEECH = Path(__file__).parent / "data" / "speech"  # flite slt (also the voice-to-voice bench's caller)
+MORE_VOICES = Path(__file__).parent / "data" / "speech-voices"  # the same sentences, two more held-out voices
 CHUNK = 320  # 20 ms: what the gateway's playout clock delivers
 
 
@@ -33,7 +34,7 @@ def model():
 
 def fixtures() -> list[tuple[np.ndarray, str]]:
     return [(read_wav(wav, 16000), wav.with_suffix(".txt").read_text().strip())
-            for wav in sorted(SPEECH.glob("*.wav"))]
+            for wav in sorted([*SPEECH.glob("*.wav"), *MORE_VOICES.glob("*.wav")])]
 
 
 def stream(model, audio: np.ndarray, trailing_s: float = 1.0) -> list:
@@ -66,7 +67,7 @@ def test_streaming_equals_offline_on_real_speech(model):
 
 def test_events_on_real_speech_are_well_formed(model):
     for audio, _ in fixtures():
-        events = stream(model, audio)
+        events = stream(model, audio, trailing_s=1.5)
         kinds = [type(e) for e in events]
         assert kinds[0] is SpeechStart, kinds
         finals = [e for e in events if isinstance(e, Final)]
@@ -74,17 +75,20 @@ def test_events_on_real_speech_are_well_formed(model):
         for final in finals:
             times = [t for _, t0, t1 in final.words for t in (t0, t1)]
             assert times == sorted(times) and times[-1] <= len(audio) / 16000 + 1.0
-        assert EndOfTurn in kinds, "the trailing second of silence ends the turn"
+        assert EndOfTurn in kinds, "the trailing 1.5 s of silence ends the turn"
         assert kinds.index(EndOfTurn) > kinds.index(Final)
 
 
-def test_the_shipped_model_recognises_a_held_out_voice(model):
+def test_the_shipped_model_recognises_held_out_voices(model):
     """A floor, not the target: the model card reports the held-out WER on 240 files.
-    Measured on these fixtures when the weights were exported: WER 0.7 (one of two
-    utterances nearly right); the floor catches a broken export or front end."""
+    The fixtures are two held-out sentences read by three held-out voices (flite slt, a
+    Kokoro mixture, an espeak-ng variant; files 020 and 021 of each eval folder). Measured
+    on them: CER 0.52 (step 1 200) and 0.48 (step 3 200), WER 0.93 and 0.96 — the second
+    sentence defeats both. Garbage from a broken export or front end scores CER ~1."""
     refs, hyps = zip(*[(normalize_for_wer(text), normalize_for_wer(transcribe(model, audio)))
                        for audio, text in fixtures()])
-    assert word_error_rate(list(refs), list(hyps)) <= 0.9, hyps
+    assert char_error_rate(list(refs), list(hyps)) <= 0.6, hyps
+    assert word_error_rate(list(refs), list(hyps)) < 1.0, hyps
 
 
 @pytest.mark.parametrize("name, audio", [

@@ -70,15 +70,46 @@ def list_shards(dirs) -> list[str]:
     return out
 
 
-def non_speech_example(rng: np.random.Generator) -> dict:
-    """1-6 s of what a line carries between words: digital silence, or white to brown noise
-    from -75 to -35 dBFS. Without these the model learns that sound is always speech, and
-    reads comfort noise as "mmmm"."""
-    n = int(rng.uniform(1.0, 6.0) * SAMPLE_RATE)
-    if rng.random() < 0.15:
-        x = np.zeros(n, np.float32)
+DTMF_LOW, DTMF_HIGH = (697, 770, 852, 941), (1209, 1336, 1477)  # Hz, a keypad's row and column tones
+
+
+def line_tones(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Periodic sounds a call carries that are not speech, at unit peak: keypad (DTMF) digits,
+    mains hum, a steady beep, a buzz (square or sawtooth wave)."""
+    t = np.arange(n) / SAMPLE_RATE
+    kind = rng.integers(4)
+    if kind == 0:
+        x = np.zeros(n)
+        at = int(rng.uniform(0.0, 0.5) * SAMPLE_RATE)
+        while at < n:
+            length = int(rng.uniform(0.04, 0.3) * SAMPLE_RATE)
+            tone = sum(np.sin(2 * np.pi * f * t[:length]) for f in (rng.choice(DTMF_LOW), rng.choice(DTMF_HIGH)))
+            x[at:at + length] = tone[: n - at]
+            at += length + int(rng.uniform(0.04, 0.6) * SAMPLE_RATE)
+    elif kind == 1:
+        f0 = rng.choice((50.0, 60.0))
+        x = sum(rng.uniform(0.1, 1.0) / k * np.sin(2 * np.pi * k * f0 * t + rng.uniform(0, 6.3)) for k in range(1, 8))
+    elif kind == 2:
+        x = np.sin(2 * np.pi * rng.uniform(200.0, 3000.0) * t)
     else:
+        phase = (rng.uniform(50.0, 1000.0) * t) % 1.0
+        x = np.where(phase < 0.5, 1.0, -1.0) if rng.random() < 0.5 else 2.0 * phase - 1.0
+    return (x / max(float(np.max(np.abs(x))), 1e-8)).astype(np.float32)
+
+
+def non_speech_example(rng: np.random.Generator) -> dict:
+    """1-6 s of what a line carries between words: digital silence, white to brown noise from
+    -75 to -35 dBFS, or tones (keypad digits, hum, beeps, buzz) from -40 to 0 dBFS. Without
+    these the model learns that sound is always speech, and reads comfort noise as "mmmm"."""
+    n = int(rng.uniform(1.0, 6.0) * SAMPLE_RATE)
+    kind = rng.random()
+    if kind < 0.1:
+        x = np.zeros(n, np.float32)
+    elif kind < 0.6:
         x = colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) * 10 ** (rng.uniform(-75, -35) / 20)
+    else:
+        x = line_tones(rng, n) * 10 ** (rng.uniform(-40, 0) / 20)
+        x = x + colored_noise(rng, n, 1.0) * 10 ** (rng.uniform(-80, -55) / 20)
     return {"audio": x.astype(np.float32), "text": "", "eot": eot_labels(n, []), "speaker": "none",
             "engine": "noise"}
 

@@ -159,7 +159,8 @@ def hears_non_speech(model: SttModel) -> list[str]:
     from engine.stt import Recognizer
 
     signals = {"digital silence": np.zeros(5 * SAMPLE_RATE, np.int16),
-               "faint noise": np.random.default_rng(0).normal(0, 30, 5 * SAMPLE_RATE).astype(np.int16)}
+               "faint noise": np.random.default_rng(0).normal(0, 30, 5 * SAMPLE_RATE).astype(np.int16),
+               "a full-scale buzz": np.tile(np.r_[np.full(40, 32767), np.full(40, -32768)], 1000).astype(np.int16)}
     heard = []
     for name, audio in signals.items():
         recognizer = Recognizer(model)
