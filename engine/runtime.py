@@ -21,8 +21,9 @@ Each model joins the tick through a `Stepper`. TTS is the second one:
 A reply's first text wakes the loop for an early tick, so time to first audio does not wait
 for the next period; so does a completed STT frame while the loop is lightly loaded (under
 EARLY_TICK_BUSY of its time spent ticking), so the caller's onset reaches barge-in without
-waiting either. Under load, frames wait for the period and batch. Admission control compares tick durations with the tick budget (the frame
-period) so the gateway can refuse new calls before admitted ones fall behind.
+waiting either. Under load, frames wait for the period and batch. Admission control compares
+tick durations with the tick budget (the frame period) so the gateway can refuse new calls
+before admitted ones fall behind.
 """
 
 from __future__ import annotations
