@@ -61,6 +61,7 @@ from tests.conftest import free_port  # noqa: E402
 from tests.processes import kill, start_server, wait_ready  # noqa: E402
 from tests.signals import resample, write_wav  # noqa: E402
 from tests.test_browser import CHROMIUM, chromium_args  # noqa: E402
+from tests.test_metrics import scrape  # noqa: E402
 
 RATE = 48000
 FRAME_S = 0.01  # analysis frames
@@ -140,13 +141,8 @@ async () => {
 """
 
 
-def gateway_delays(prometheus_text: str) -> dict[str, Optional[float]]:
-    """Mean inbound jitter-buffer delay and the engine's recent STT lag p95, from /metrics."""
-    values = {}
-    for line in prometheus_text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+def gateway_delays(values: dict[str, float]) -> dict[str, Optional[float]]:
+    """Mean inbound jitter-buffer delay and the engine's recent STT lag p95, from /metrics samples."""
     count = values.get("parley_jitter_buffer_delay_ms_count")
     mean = values["parley_jitter_buffer_delay_ms_sum"] / count if count else None
     lag = values.get("parley_engine_stt_lag_p95_seconds")
@@ -293,8 +289,7 @@ async def record_call(args: argparse.Namespace, wav: Path, seconds: float) -> tu
             events = await page.evaluate("window.__v2v.events")
             delays = {"browser_jitter_buffer_ms_mean": await page.evaluate(BROWSER_JITTER_DELAY)}
             async with aiohttp.ClientSession() as http:
-                async with http.get(f"{url}/metrics") as response:
-                    delays.update(gateway_delays(await response.text()))
+                delays.update(gateway_delays(await scrape(http, url)))
             await browser.close()
     finally:
         await kill(proc)

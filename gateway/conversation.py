@@ -279,11 +279,6 @@ class Conversation:
         """One recognizer event (SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
         self._heard_caller(event)
         if isinstance(event, SpeechStart):
-            self._caller_quiet.clear()
-            self._onset_at = self._pushed_samples / STT_RATE
-        elif isinstance(event, (Final, EndOfTurn)):
-            self._caller_quiet.set()
-        if isinstance(event, SpeechStart):
             self._on_speech_start()
         elif isinstance(event, Partial):
             self.events.emit("transcript.partial", text=event.text)
@@ -298,9 +293,15 @@ class Conversation:
             self._on_end_of_turn(event)
 
     def _heard_caller(self, event: Any) -> None:
+        """What the caller is doing: activity (for the idle limits) and a sound under way (barge-in)."""
         if isinstance(event, SpeechStart) or (isinstance(event, (Partial, Final)) and event.text.strip()):
             self._last_activity = time.monotonic()
             self._idle_prompted = False
+        if isinstance(event, SpeechStart):
+            self._caller_quiet.clear()
+            self._onset_at = self._pushed_samples / STT_RATE
+        elif isinstance(event, (Final, EndOfTurn)):
+            self._caller_quiet.set()
 
     def _speaking(self) -> bool:
         return self.state in ("responding", "speaking") and self.reply is not None
