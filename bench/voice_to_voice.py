@@ -5,13 +5,15 @@ over a reply to Parley's audio being gone at the browser.
 How it runs
 -----------
 1. Builds a caller WAV: a lead-in (the greeting plays meanwhile), then --turns utterances of
-   held-out voices (from --speech DIR: NAME.wav files; default tests/data/speech), each
+   held-out voices (from --speech DIR: NAME.wav files; default bench/data/caller-turns: eight
+   held-out sentences by three held-out voices, flite slt, espeak and a Kokoro mixture), each
    after --gap-s of silence for the reply to the one before, except --barge-ins of them
    (every other one, from the second): they start --barge-in-after-s after the turn before
    them ends, while Parley is answering it.
 2. Starts a real gateway process in conversation mode (the scripted responder by default,
-   the shipped STT model, the TTS weights given by --tts-weights or the shipped ones) on a
-   free loopback port.
+   its contact-center flow without the actions that end the call,
+   the STT and TTS weights given by --stt-weights and --tts-weights, else the shipped ones) on
+   a free loopback port.
 3. Headless Chromium (Debian chromium via Playwright) calls it from the demo page with the
    WAV as its fake microphone. One AudioWorklet records, sample-aligned on one WebAudio
    clock, two channels: the page's own microphone track (what the caller says) and the
@@ -67,7 +69,7 @@ RATE = 48000
 FRAME_S = 0.01  # analysis frames
 SPEECH_DBFS = -40.0  # caller energy above this is speech
 ONSET_DBFS = -45.0  # Parley's audio above this is a reply
-MIN_PAUSE_S = 0.5  # shorter pauses in the caller's audio do not split an utterance
+MIN_PAUSE_S = 1.0  # shorter pauses do not split a caller turn (the clips hold mid-turn pauses up to 0.9 s)
 TALKING_OVER_S = 0.3  # a caller onset is a barge-in when Parley was audible this long before it
 STOP_TAIL_S = 1.0  # Parley's audio after response.interrupted arrived still counts as not yet stopped
 STAGES = ("end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "first_frame_ms", "total_ms",
@@ -257,15 +259,30 @@ def percentile(values: list[float], q: float) -> Optional[float]:
     return round(float(np.percentile(values, q)), 1) if values else None
 
 
+def flow_that_never_hangs_up(work: Path) -> Path:
+    """The shipped contact-center flow without its end_call actions: a misheard "no" or
+    "bye" would end the call, and with it every turn the bench still has to measure."""
+    from gateway.responders.flow import DEFAULT_FLOW
+
+    lines = DEFAULT_FLOW.read_text().splitlines()
+    path = work / "flow.yaml"
+    path.write_text("\n".join(line for line in lines if line.strip() != "action: end_call") + "\n")
+    return path
+
+
 async def record_call(args: argparse.Namespace, wav: Path, seconds: float) -> tuple[np.ndarray, int, list[dict]]:
     """Run the gateway and the browser; returns ([mic, remote] samples, their rate, reply events)."""
     from playwright.async_api import async_playwright
 
     flags = ["--mode", "conversation", "--port", str(free_port()), "--engine-threads", "1"]
+    if args.stt_weights:
+        flags += ["--stt-weights", args.stt_weights]
     if args.tts_weights:
         flags += ["--tts-weights", args.tts_weights]
     if args.responder:
         flags += ["--responder", args.responder]
+    if args.responder in ("", "scripted"):
+        flags += ["--flow-file", str(flow_that_never_hangs_up(wav.parent))]
     proc, url = await start_server(*flags)
     try:
         import aiohttp
@@ -360,7 +377,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--barge-ins", type=int, default=10, help="turns that talk over the reply before them")
-    parser.add_argument("--speech", default=str(Path(__file__).resolve().parent.parent / "tests" / "data" / "speech"))
+    parser.add_argument("--speech", default=str(Path(__file__).resolve().parent / "data" / "caller-turns"),
+                        help="folder of caller turns (NAME.wav); tests/data/speech: the flite pair of earlier runs")
+    parser.add_argument("--stt-weights", default="", help="STT .safetensors or training checkpoint (default: shipped)")
     parser.add_argument("--tts-weights", default="", help="TTS .safetensors or training checkpoint (default: shipped)")
     parser.add_argument("--responder", default="", help="default: the gateway's (scripted)")
     parser.add_argument("--lead-in-s", type=float, default=12.0, help="silence first, while the greeting plays")

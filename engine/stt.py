@@ -37,9 +37,10 @@ FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
 PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
 END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn: 0.5 ended 55-65 % of held-out
 # utterances early; 0.9 cuts that to 25-30 % at 320-540 ms median latency (MODEL_CARD.md)
-SPEECH_START_FRAMES = 2  # consecutive non-blank/speech frames that mark speech start (once a
-# character has been recognised: the shipped model's end-of-turn head alone says "speech" in
-# faint noise and in a buzz; MODEL_CARD.md has a checkpoint whose head could start turns alone)
+SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
+# into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
+SPEECH_START_FRAMES = 2  # or: consecutive non-blank/speech frames once a character is recognised
+WORDLESS_END_FRAMES = 12  # a sound that brought no word closes after 0.48 s without speech
 SILENT_TURN_END_FRAMES = 30  # 1.2 s without speech after words ends the turn even when the end-of-turn
 # head is unsure (a voice unlike those it learned); mid-turn pauses are 0.3-0.9 s
 SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
@@ -158,9 +159,10 @@ class StreamDecoder:
         self._speech_frames = self._speech_frames + 1 if speaking else 0
         self._quiet_frames = 0 if speaking else self._quiet_frames + 1
         text = self.ctc.text()
-        if not self._in_speech and self._speech_frames >= SPEECH_START_FRAMES and text:
+        heard = eot[SPEECH] >= SPEECH_PROBABILITY
+        if not self._in_speech and (heard or (self._speech_frames >= SPEECH_START_FRAMES and text)):
             self._in_speech = True
-            events.append(SpeechStart(t=(self.frame - self._speech_frames + 1) * FRAME_S))
+            events.append(SpeechStart(t=(self.frame - max(self._speech_frames, 1) + 1) * FRAME_S))
         if grew and text != self._last_partial and self.frame - self._last_partial_frame >= PARTIAL_EVERY_FRAMES:
             # The turn's first partial goes out on its first character: a barge-in pauses on it.
             self._last_partial, self._last_partial_frame = text, self.frame
@@ -168,6 +170,9 @@ class StreamDecoder:
         if self._in_speech and text and (eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD
                                          or self._quiet_frames >= SILENT_TURN_END_FRAMES):
             events += [Final(text, self.ctc.words()), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
+            self._close_turn()
+        elif self._in_speech and not text and self._quiet_frames >= WORDLESS_END_FRAMES:
+            events.append(EndOfTurn(confidence=0.0))  # a cough, a click: over, and nothing was said
             self._close_turn()
         self.frame += 1
         return events

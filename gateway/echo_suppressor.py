@@ -20,6 +20,11 @@ reference), so per 20 ms frame it:
 6. tells whether the caller is audible over Parley (double talk): what it kept stands well
    above the noise floor. A "word" the recognizer makes of residual echo does not.
 
+Until a delay is known, whatever is no louder than Parley's loudest recent output is taken
+for echo, scaled by how loud the inbound has been against that output while Parley spoke
+(a high percentile): on a line with no echo at all (a browser with echo cancellation) the
+caller's first syllable over a reply passes at once instead of waiting to outshout it.
+
 This is residual-echo suppression, not a full linear canceller: it needs no convergence
 time, and its cost is two small FFTs per frame.
 """
@@ -50,6 +55,10 @@ CALLER_MEMORY_FRAMES = 25  # ... within the last 500 ms
 OVER_SUBTRACTION = 2.0  # remove a bit more than the predicted echo: a safe margin
 GAIN_FLOOR = 0.003  # about -50 dB: the listener is a recognizer, so musical noise is harmless
 N_BANDS = 32
+BLIND_MEMORY_FRAMES = 100  # 2 s of inbound / loudest-reference ratios while no delay is known
+BLIND_PERCENTILE = 75  # of those: the echo's level, robust to a caller's first 500 ms in them
+BLIND_MIN_FRAMES = 25  # ratios needed (500 ms of Parley's voice with any echo arrived) to trust them
+BLIND_MARGIN = 4.0  # 12 dB above the echo's measured level is the caller
 
 
 def _bands(n_bins: int) -> list[slice]:
@@ -75,6 +84,8 @@ class EchoSuppressor:
         self._candidate: Optional[int] = None  # a different delay seen once, awaiting confirmation
         self.suppressed_frames = 0
         self._kept_ratios: Deque[float] = deque(maxlen=CALLER_MEMORY_FRAMES)
+        self._blind_ratios: Deque[np.ndarray] = deque(maxlen=BLIND_MEMORY_FRAMES)
+        self._active_frames = 0  # consecutive frames with the reference active
 
     def add_reference(self, pcm16k: np.ndarray) -> None:
         """Audio Parley sent (16 kHz int16), as the pacer sends it."""
@@ -86,7 +97,9 @@ class EchoSuppressor:
         frame = pcm.astype(np.float32)
         self._inbound = np.concatenate([self._inbound[FRAME:], frame])
         if not self._reference_active():
+            self._active_frames = 0
             return self._passthrough()
+        self._active_frames += 1
         self._frames_since_estimate += 1
         if self.delay is None or self._frames_since_estimate >= DELAY_UPDATE_FRAMES:
             self._frames_since_estimate = 0
@@ -211,11 +224,22 @@ class EchoSuppressor:
         y = np.fft.rfft(self._inbound[-WINDOW:] * self._window)
         y_mag = np.abs(y)
         loudest = np.max(np.stack(self._reference_bands), axis=0)
+        levels = self._band_levels(y_mag)
+        if self._active_frames * FRAME > MAX_DELAY_S * SAMPLE_RATE:  # any echo of it has arrived
+            self._blind_ratios.append(levels / np.maximum(loudest, 1.0))
         gains = np.ones_like(y_mag)
-        for band, level in zip(self._bands, loudest):
-            if np.sqrt(np.mean(y_mag[band] ** 2)) <= level:
+        for band, level, threshold in zip(self._bands, levels, loudest * self._blind_coupling()):
+            if level <= threshold:
                 gains[band] = GAIN_FLOOR
         return self._apply(y, gains)
+
+    def _blind_coupling(self) -> np.ndarray:
+        """Per band, how loud an echo may be against Parley's loudest recent output: 1 until
+        enough of Parley's voice has gone by, then what the inbound measured (with a margin)."""
+        if len(self._blind_ratios) < BLIND_MIN_FRAMES:
+            return np.ones(len(self._bands))
+        measured = np.percentile(np.stack(self._blind_ratios), BLIND_PERCENTILE, axis=0)
+        return np.minimum(1.0, BLIND_MARGIN * measured)
 
     def _passthrough(self) -> np.ndarray:
         self._kept_ratios.clear()  # Parley is silent: whatever is heard is the caller

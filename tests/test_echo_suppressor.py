@@ -65,6 +65,19 @@ def test_a_caller_talking_over_parley_comes_through(delay_ms):
     assert abs(energy_db) <= 3, energy_db
 
 
+def test_on_a_line_without_echo_a_callers_first_syllable_over_parley_passes():
+    """A browser cancels its own echo: while Parley speaks the inbound is silent. The caller's
+    onset over the reply must reach the recognizer at once (a barge-in pauses on it), not
+    only once it is louder than Parley's loudest output."""
+    near = speech("flite_slt-020.wav")
+    reference, _, talk = scene(60, near, near_at=24000)  # the caller starts 1.5 s into the reply
+    out, suppressor = run(reference, talk)
+    onset = 24000 + int(np.argmax(np.abs(near) > 0.05 * np.abs(near).max()))
+    first = slice(onset, onset + 1600)  # its first 100 ms
+    energy_db = 10 * np.log10(np.sum(out[first] ** 2) / np.sum(talk[first] ** 2))
+    assert suppressor.delay is None and energy_db >= -3, energy_db
+
+
 def test_without_parley_speaking_audio_passes_unchanged():
     near = speech("flite_slt-020.wav")
     n = len(near) // FRAME * FRAME

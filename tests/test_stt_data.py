@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.train import augment as A
-from engine.train.corpus import build_corpus, split_corpus, text_split
+from engine.train.corpus import build_corpus, short_turn_corpus, split_corpus, text_split
 from engine.train.real_data import RealRecordings, find_items, speech_spans
 from engine.train.stt_data import EOT_FRAME, END, PAUSE, SPEECH, SttDataset, eot_labels, make_loader, read_shard
 from engine.train.textnorm import ALPHABET, normalize, number_to_words, ordinal_words
@@ -92,6 +92,17 @@ def test_corpus_has_mid_turn_pause_points_and_spoken_forms(corpus):
     assert any(" um " in f" {u.text} " or " uh " in f" {u.text} " for u in dialogue)
 
 
+def test_short_turns_are_complete_single_stretches_of_speech():
+    short = short_turn_corpus(seed=7, n=500)
+    assert [u.text for u in short] == [u.text for u in short_turn_corpus(seed=7, n=500)]
+    texts = [u.text for u in short]
+    assert len(set(texts)) == len(texts) == 500 and all(set(t) <= set(ALPHABET) for t in texts)
+    assert all(len(u.segments) == 1 and len(u.text.split()) <= 12 for u in short), "one stretch, then the turn is over"
+    assert any(t.startswith("my name is ") for t in texts) and any(t in ("yes", "no") for t in texts)
+    _, test = split_corpus(short)
+    assert all(text_split(u.text) == "test" for u in test), "held-out texts stay out, as in the main corpus"
+
+
 # ---------------------------------------------------------------- end-of-turn labels
 
 def test_eot_labels_are_well_formed():
@@ -156,6 +167,18 @@ def test_each_step_is_sane():
     assert len(A.phone_line(x)) == len(x) and np.isfinite(A.phone_line(x)).all()
 
 
+def test_gate_leaves_digital_silence_outside_the_speech_only():
+    x, _ = fake_speech(seed=4)
+    noisy = x + A.colored_noise(np.random.default_rng(1), len(x), 1.0) * 0.01
+    spans = [[int(0.3 * SR), int(0.6 * SR)], [int(1.0 * SR), int(1.2 * SR)]]
+    gated = A.gate(noisy, spans, np.random.default_rng(0))
+    for s, e in spans:
+        assert np.array_equal(gated[s:e], noisy[s:e]), "speech passes untouched"
+    hold = int(max(A.GATE_HOLD_S) * SR)
+    assert not gated[spans[0][1] + hold: spans[1][0] - int(max(A.GATE_ATTACK_S) * SR)].any(), "between words: zeros"
+    assert not gated[spans[1][1] + hold:].any() and not gated[: spans[0][0] - int(0.04 * SR)].any()
+
+
 def test_opus_roundtrip_is_aligned():
     x, _ = fake_speech(seed=3)
     x = x + 0.05 * np.random.default_rng(1).standard_normal(len(x)).astype(np.float32)
@@ -191,6 +214,23 @@ def shard_dir(tmp_path_factory):
         summary = synth.write_shard(plan, tone_synth, str(out), k)
         assert summary["n"] == 12
     return out
+
+
+def test_retraining_the_end_of_turn_head_leaves_encoder_and_transcripts_alone(shard_dir):
+    import torch
+
+    from engine.stt import SttConfig, SttModel
+    from engine.train import retrain_eot_head as R
+    torch.manual_seed(0)
+    model = R.freeze_all_but_head(SttModel(SttConfig(width=32, depth=1)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = dict(R.SETTINGS, shard_dirs=str(shard_dir), streams=3, epochs=2)
+    hidden, labels = R.collect(model, cfg)
+    assert len(hidden) == len(labels) > 0 and set(labels.tolist()) <= {SPEECH, PAUSE, END}
+    R.train_head(model, hidden, labels, cfg)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("eot_head."))
+    assert not torch.equal(before["eot_head.weight"], after["eot_head.weight"])
 
 
 def test_shard_format(shard_dir):

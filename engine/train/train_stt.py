@@ -36,7 +36,7 @@ from engine.wer import word_error_rate
 
 # -- configuration ----------------------------------------------------------------------------
 out_dir = "runs/stt"
-shard_dirs = "data/stt"  # comma-separated folders of synthesized shards
+shard_dirs = "data/stt,data/stt-short"  # comma-separated folders of synthesized shards (short: synth --corpus short)
 real_dirs = ""  # comma-separated folders of real recordings
 eval_dirs = "data/stt-eval"  # each subfolder: one held-out voice group (NAME.wav + NAME.txt)
 eval_files = 40  # per held-out folder, per evaluation
