@@ -67,9 +67,13 @@ class SttModel(nn.Module):
     def initial_state(self, batch: int, device=None) -> list[BlockState]:
         return self.core.initial_state(batch, device)
 
+    def encode(self, stacked: Tensor, state: Optional[list[BlockState]] = None):
+        """stacked mels [B, T, 4 * N_MELS] -> (the encoder's output [B, T, width], state): what both heads read."""
+        return self.core(F.gelu(self.input(stacked)), state)
+
     def forward(self, stacked: Tensor, state: Optional[list[BlockState]] = None):
         """stacked mels [B, T, 4 * N_MELS] -> (ctc logits [B, T, V], eot logits [B, T, 3], state)."""
-        hidden, state = self.core(F.gelu(self.input(stacked)), state)
+        hidden, state = self.encode(stacked, state)
         return self.ctc_head(hidden), self.eot_head(hidden), state
 
     def step(self, stacked: Tensor, state: list[BlockState]):

@@ -56,8 +56,7 @@ SETTINGS = {k: v for k, v in dict(globals()).items() if not k.startswith("_") an
 @torch.no_grad()
 def encoder_output(model: SttModel, audio: np.ndarray) -> torch.Tensor:
     """float 16 kHz audio -> the encoder's output per 40 ms frame [T, width]."""
-    stacked = stack_frames(log_mel(torch.from_numpy(audio.astype(np.float32))))[None]
-    hidden, _ = model.core(F.gelu(model.input(stacked)))
+    hidden, _ = model.encode(stack_frames(log_mel(torch.from_numpy(audio.astype(np.float32))))[None])
     return hidden[0]
 
 
