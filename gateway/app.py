@@ -31,6 +31,7 @@ from .keeper import LiveSession, SessionBusy, SessionKeeper
 from .nodes import NodeRegistry, NodeStatus
 from .sessions import SessionNotFound, StoreUnavailable, open_store
 from .conversation import Conversation
+from .recording import CallRecording
 from .responders import make_responder
 from .transcribe import Transcribe
 from .loop_monitor import LoopLagMonitor, percentiles
@@ -226,8 +227,14 @@ class CallRegistry:
                                     history=record.history, pending=record.in_progress, hang_up=hang_up,
                                     resume_unfinished=self.config.resume_unfinished, on_change=saved,
                                     idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
-                                    max_turn_s=self.config.max_turn_s)
+                                    max_turn_s=self.config.max_turn_s, recording=self._recording(record.session_id))
         return conversation
+
+    def _recording(self, session_id: str) -> Optional[CallRecording]:
+        if not self.config.record_dir:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        return CallRecording(Path(self.config.record_dir) / f"{stamp}-{session_id}-{secrets.token_hex(2)}.wav")
 
     async def _forget(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)

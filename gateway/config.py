@@ -58,6 +58,7 @@ class Config:
     idle_prompt_s: float = 15.0  # conversation: a caller silent this long is asked if they are still there
     idle_hangup_s: float = 15.0  # ... and after this much more silence the call ends (reason idle)
     max_turn_s: float = 30.0  # conversation: a caller talking this long without a pause gets an answer anyway
+    record_dir: str = ""  # conversation: write each call's inbound audio and echo reference here (a 2-channel WAV for bench/replay_call.py); empty = off
     redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
     node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
     public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs
@@ -104,6 +105,8 @@ class Config:
         for name in ("stt_weights", "tts_weights"):
             if getattr(self, name) and not Path(getattr(self, name)).is_file():
                 raise ConfigError(f"{name}: {getattr(self, name)!r} is not a file")
+        if self.record_dir and not Path(self.record_dir).is_dir():
+            raise ConfigError(f"record_dir: {self.record_dir!r} is not a directory")
         if min(self.idle_prompt_s, self.idle_hangup_s, self.max_turn_s) <= 0:
             raise ConfigError("idle_prompt_s, idle_hangup_s and max_turn_s must be positive")
         if self.resume_unfinished not in RESUME_UNFINISHED:

@@ -71,6 +71,7 @@ from .echo_suppressor import EchoSuppressor
 from .events import BadClientMessage, EventChannel
 from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
+from .recording import CallRecording
 from .responders import Responder, ResponderError
 from .sessions import PendingTurn, Turn
 
@@ -199,8 +200,10 @@ class Conversation:
                  pending: Optional[PendingTurn] = None,
                  resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
-                 speculate_after_s: Optional[float] = SPECULATE_AFTER_S) -> None:
+                 speculate_after_s: Optional[float] = SPECULATE_AFTER_S,
+                 recording: Optional[CallRecording] = None) -> None:
         self.stt = stt
+        self.recording = recording
         self.open_tts = open_tts
         self.responder = responder
         self.hang_up = hang_up
@@ -241,6 +244,8 @@ class Conversation:
     def on_audio(self, pcm: np.ndarray) -> None:
         self._pushed_samples += len(pcm)
         self.stt.push(self.echo.process(pcm))
+        if self.recording is not None:
+            self.recording.write(pcm, self.echo.last_reference)
         if self._onset_at is not None and self._pushed_samples / STT_RATE - self._onset_at < ONSET_AUDIBLE_S:
             self._maybe_pause()  # the recognizer heard a sound start; the caller's voice may only now come through
 
@@ -271,6 +276,8 @@ class Conversation:
         for task in list(self._tasks):
             task.cancel()
         self.stt.close()
+        if self.recording is not None:
+            self.recording.close()
         self._spawn_detached(self.responder.aclose())
 
     # -- the caller's side --------------------------------------------------------------------

@@ -38,7 +38,8 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 FRAME = 320  # 20 ms at 16 kHz: the playout clock's frame
-WINDOW = 2 * FRAME  # analysis window (50 % overlap)
+WINDOW = 2 * FRAME  # analysis window: this frame and the one before
+CROSSFADE = 64  # samples (4 ms) between one frame's output and the next: the suppressor's whole latency
 MAX_DELAY_S = 0.5  # longest echo path searched
 REFERENCE_WINDOW_S = 1.0  # audio correlated per delay estimate
 DELAY_UPDATE_FRAMES = 10  # re-estimate the delay every 200 ms while the reference is active
@@ -68,7 +69,7 @@ def _bands(n_bins: int) -> list[slice]:
 
 class EchoSuppressor:
     def __init__(self) -> None:
-        self._window = np.sqrt(np.hanning(WINDOW + 1)[:WINDOW])  # sqrt-Hann: analysis x synthesis = Hann
+        self._window, self._synthesis_window = low_delay_windows()
         self._bands = _bands(WINDOW // 2 + 1)
         history = int((MAX_DELAY_S + REFERENCE_WINDOW_S) * SAMPLE_RATE) + WINDOW
         self._reference = np.zeros(history, dtype=np.float32)  # newest last, same timeline as _inbound
@@ -76,7 +77,7 @@ class EchoSuppressor:
         self._pending_reference: Deque[np.ndarray] = deque()
         self._band_gains: Deque[np.ndarray] = deque(maxlen=GAIN_MEMORY_FRAMES)
         self._reference_bands: Deque[np.ndarray] = deque(maxlen=int(MAX_DELAY_S * SAMPLE_RATE) // FRAME + 2)
-        self._overlap = np.zeros(FRAME, dtype=np.float32)
+        self._overlap = np.zeros(CROSSFADE, dtype=np.float32)
         self._frames_since_estimate = 0
         self._noise_floor = np.zeros(WINDOW // 2 + 1)  # per-bin magnitude while Parley is silent
         self._comfort = np.random.default_rng(0)
@@ -208,6 +209,11 @@ class EchoSuppressor:
         phase = np.exp(2j * np.pi * self._comfort.random(len(y)))
         return self._synthesize(kept + (1.0 - gains) * self._noise_floor * phase)
 
+    @property
+    def last_reference(self) -> np.ndarray:
+        """The reference frame lined up with the last inbound frame (int16; what a call recording keeps)."""
+        return np.clip(self._reference[-FRAME:], -32768, 32767).astype(np.int16)
+
     def caller_audible(self) -> bool:
         """Did the caller's own voice come through in the last 500 ms? (True when Parley has
         been silent: then there is no echo to mistake for them.)"""
@@ -251,8 +257,32 @@ class EchoSuppressor:
         return self._synthesize(y)
 
     def _synthesize(self, spectrum: np.ndarray) -> np.ndarray:
-        """Overlap-add: the first half of this window completes the previous frame's second half."""
-        block = np.fft.irfft(spectrum, WINDOW) * self._window
-        out = self._overlap + block[:FRAME]
-        self._overlap = block[FRAME:]
+        """The frame that ends CROSSFADE samples ago: this block's output, cross-faded into the
+        previous block's tail (low-delay weighted overlap-add)."""
+        block = np.fft.irfft(spectrum, WINDOW) * self._synthesis_window
+        out = block[WINDOW - FRAME - CROSSFADE:WINDOW - CROSSFADE].copy()
+        out[:CROSSFADE] += self._overlap
+        self._overlap = block[WINDOW - CROSSFADE:]
         return np.clip(out, -32768, 32767).astype(np.int16)
+
+
+def low_delay_windows() -> tuple[np.ndarray, np.ndarray]:
+    """Asymmetric analysis and synthesis windows (Mauler & Martin, 2007) for a 20 ms hop.
+
+    The analysis window spans two frames for frequency resolution but falls to zero within
+    the last CROSSFADE samples; the synthesis window is zero except over the newest frame and
+    a CROSSFADE either side. Their product is a Hann cross-fade in, one, and a Hann
+    cross-fade out, so consecutive blocks sum to exactly the input when nothing is removed,
+    and the output lags the input by CROSSFADE samples instead of a whole frame (a symmetric
+    50 % overlap-add's latency): the recognizer hears the caller 16 ms sooner."""
+    rise = WINDOW - CROSSFADE
+    analysis = np.concatenate([np.sqrt(np.hanning(2 * rise + 1)[:rise]),
+                               np.sqrt(np.hanning(2 * CROSSFADE + 1)[CROSSFADE:2 * CROSSFADE])])
+    fade = np.hanning(2 * CROSSFADE + 1)[:2 * CROSSFADE]  # periodic: a rising half plus a falling half sum to 1
+    product = np.zeros(WINDOW)
+    start = WINDOW - FRAME - CROSSFADE
+    product[start:start + CROSSFADE] = fade[:CROSSFADE]
+    product[start + CROSSFADE:WINDOW - CROSSFADE] = 1.0
+    product[WINDOW - CROSSFADE:] = fade[CROSSFADE:]
+    synthesis = np.divide(product, analysis, out=np.zeros(WINDOW), where=analysis > 1e-12)
+    return analysis, synthesis

@@ -9,6 +9,7 @@ the test checks that the reply's audio was paced out rather than how loud it is.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -20,6 +21,8 @@ from engine.tts import SHIPPED_WEIGHTS as TTS_WEIGHTS
 from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
 from engine.wavfile import read_wav
+from bench.replay_call import replay
+from gateway.recording import read_recording
 from tests.peer import RATE, Caller
 from tests.signals import resample
 from tests.test_resume import DEADLINE_S
@@ -32,10 +35,12 @@ def conversation_engine() -> SpeechEngine:
     return SpeechEngine(load_model(), tts_model=tts, max_streams=2, device="cpu", num_threads=1, admit_load=1000.0)
 
 
-async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http):
+async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http, tmp_path):
     """One turn end to end; the client's playout report (a malformed one first) adds the
-    browser stage; /metrics then holds the turn's stage latencies."""
-    gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine())
+    browser stage; /metrics then holds the turn's stage latencies. The call is recorded
+    (record_dir), and replaying the recording offline finds the caller's turn and its end."""
+    gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine(),
+                                  record_dir=str(tmp_path))
     speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
     speech = speech / 32768 if np.abs(speech).max() > 1 else speech
     samples = np.concatenate([np.zeros(RATE // 2, np.float32), resample(speech, 16000, RATE),
@@ -71,4 +76,25 @@ async def test_a_caller_speaks_and_hears_the_reply(start_gateway, http):
         exposition = await response.text()
     assert 'parley_turn_stage_seconds_count{stage="total"} 1.0' in exposition
     assert 'parley_turn_stage_seconds_count{stage="browser_playout"} 1.0' in exposition
+    recording = call.mode.recording
     await caller.hang_up(http)
+    await wait_until(lambda: recording.closed, DEADLINE_S)
+    check_recording(recording.path, reply_audible=TTS_WEIGHTS.exists())
+
+
+async def wait_until(condition, timeout_s: float) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.05)
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+def check_recording(path, reply_audible: bool) -> None:
+    inbound, reference = read_recording(path)
+    assert len(inbound) == len(reference) and len(inbound) > 16000 * 3
+    assert np.abs(inbound).max() > 3000, "the caller's words are on the left channel"
+    if reply_audible:
+        assert np.abs(reference).max() > 1000, "Parley's reply is on the right channel"
+    report = replay(inbound, reference, load_model(), fresh_lead_s=2.0)
+    turn = report["turns"][0]
+    assert turn["end_of_turn_ms"]["call"] is not None, report

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.wavfile import read_wav
-from gateway.echo_suppressor import FRAME, EchoSuppressor
+from gateway.echo_suppressor import CROSSFADE, FRAME, EchoSuppressor
 
 SPEECH = Path(__file__).parent / "data" / "speech"
 ECHO_GAIN = 0.5  # -6 dB
@@ -26,7 +26,7 @@ def run(reference: np.ndarray, inbound: np.ndarray) -> tuple[np.ndarray, EchoSup
     for start in range(0, len(inbound), FRAME):
         suppressor.add_reference(reference[start:start + FRAME].astype(np.int16))
         out.append(suppressor.process(inbound[start:start + FRAME].astype(np.int16)))
-    return np.concatenate(out).astype(np.float32)[FRAME:], suppressor  # one frame of latency
+    return np.concatenate(out).astype(np.float32)[CROSSFADE:], suppressor  # the suppressor's latency
 
 
 def scene(delay_ms: int, near: np.ndarray | None = None, near_at: int = 8000):
@@ -84,3 +84,12 @@ def test_without_parley_speaking_audio_passes_unchanged():
     out, suppressor = run(np.zeros(n, np.float32), near[:n])
     assert suppressor.delay is None and suppressor.suppressed_frames == 0
     assert np.max(np.abs(out - near[:len(out)])) <= 2  # rounding only
+
+
+def test_a_silent_parley_passes_the_caller_through_with_4_ms_latency():
+    """While Parley is silent the output is the input, CROSSFADE samples (4 ms) late: the
+    low-delay windows cost the recognizer no frame of waiting."""
+    caller = np.random.default_rng(3).normal(0, 3000, FRAME * 40).astype(np.int16)
+    out, _ = run(np.zeros(len(caller)), caller.astype(np.float32))
+    assert CROSSFADE * 1000 // 16000 == 4
+    np.testing.assert_allclose(out[FRAME:], caller[:len(out)][FRAME:], atol=1)
