@@ -11,7 +11,10 @@ warping, so timing differences count too):
 - piper: the teacher audio itself;
 - world_full: pyworld.synthesize from the full WORLD analysis (513-bin envelope, aperiodicity);
 - world_coded: pyworld.synthesize from our coded features (60 mel bands, 6 ap bands), expanded back;
-- torch_hn: engine/vocoder.py (harmonics + shaped noise) from the coded features: what the student drives.
+- torch_hn: engine/vocoder.py (harmonics + shaped noise) from the coded features: what the student drives;
+- student: Parley's TTS model itself (--weights, default the shipped file) speaking the text,
+  with its own predicted durations; its MCD is taken along a DTW alignment of the two
+  cepstrum sequences (mcd_dtw_db), since its timing is its own.
 
 It also fits the harmonic/noise gains of engine/vocoder.py (--calibrate) by matching frame energies.
 """
@@ -69,6 +72,35 @@ def mcd_db(reference: np.ndarray, test: np.ndarray) -> float:
     return float(np.mean(10.0 / np.log(10) * np.sqrt(2 * np.sum(diff ** 2, axis=1))))
 
 
+def dtw_path(cost: np.ndarray) -> list[tuple[int, int]]:
+    """Cheapest monotonic alignment through cost [n, m] (steps right, down, diagonal).
+
+    Row i from row i-1 in one pass: D[i, j] = S[j] + min over k <= j of (A[k] - S[k-1]),
+    with S the running sum of row i's costs and A[k] = min(D[i-1, k], D[i-1, k-1])."""
+    n, m = cost.shape
+    total = np.empty((n, m))
+    total[0] = np.cumsum(cost[0])
+    for i in range(1, n):
+        above = np.minimum(total[i - 1], np.r_[np.inf, total[i - 1][:-1]])
+        running = np.cumsum(cost[i])
+        total[i] = running + np.minimum.accumulate(above - np.r_[0.0, running[:-1]])
+    path, i, j = [(n - 1, m - 1)], n - 1, m - 1
+    while i or j:
+        steps = [(a, b) for a, b in ((i - 1, j - 1), (i - 1, j), (i, j - 1)) if a >= 0 and b >= 0]
+        i, j = min(steps, key=lambda ab: total[ab])
+        path.append((i, j))
+    return path[::-1]
+
+
+def mcd_dtw_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """MCD over the reference's voiced frames, each paired with the test frames DTW aligns to it."""
+    ref, out = analyse(reference), analyse(test)
+    c_ref, c_out = mel_cepstrum(ref), mel_cepstrum(out)
+    distance = 10.0 / np.log(10) * np.sqrt(2 * np.sum((c_ref[:, None] - c_out[None]) ** 2, axis=2))
+    pairs = [(i, j) for i, j in dtw_path(distance) if ref[i, 1] > 0.5]
+    return float(np.mean([distance[i, j] for i, j in pairs])) if pairs else float("nan")
+
+
 def world_full(x: np.ndarray) -> np.ndarray:
     pw = load_pyworld()
     x64 = x.astype(np.float64)
@@ -123,6 +155,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/tts/ceiling")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--systems", default="piper,world_full,world_coded,torch_hn")
+    parser.add_argument("--weights", default="", help="TTS weights for the student system (default: shipped)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -133,8 +166,13 @@ def main() -> None:
         print(json.dumps(calibrate(analysed)))
         return
     judge = whisper_judge()
-    systems = {"piper": lambda a, f: a, "world_full": lambda a, f: world_full(a),
-               "world_coded": lambda a, f: world_coded(f), "torch_hn": lambda a, f: torch_hn(f)}
+    systems = {"piper": lambda a, f, t: a, "world_full": lambda a, f, t: world_full(a),
+               "world_coded": lambda a, f, t: world_coded(f), "torch_hn": lambda a, f, t: torch_hn(f)}
+    if "student" in args.systems.split(","):
+        from engine.tts import load_model, synthesize_offline
+
+        student = load_model(Path(args.weights) if args.weights else None)
+        systems["student"] = lambda a, f, t: synthesize_offline(student, t)[0].astype(np.float32) / 32768
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"n": len(items), "judge": "whisper tiny.en int8 beam 5", "data": args.data}
@@ -142,14 +180,16 @@ def main() -> None:
         refs, hyps, mcds, seconds, synth_s = [], [], [], 0.0, 0.0
         for k, ((audio, features), (_, text)) in enumerate(zip(analysed, items)):
             started = time.perf_counter()
-            y = system(audio, features)
+            y = system(audio, features, text)
             synth_s += time.perf_counter() - started
             seconds += len(y) / vocoder.SAMPLE_RATE
             if k < 5:
                 write_wav(out / f"{name}_{k:03d}.wav", y / max(1e-6, np.abs(y).max()) * 0.9, vocoder.SAMPLE_RATE)
             refs.append(normalize_for_wer(text))
             hyps.append(normalize_for_wer(judge(y, vocoder.SAMPLE_RATE)))
-            if name != "piper":
+            if name == "student":
+                mcds.append(mcd_dtw_db(audio, y))
+            elif name != "piper":
                 mcds.append(mcd_db(audio, y))
         result[name] = {"wer": round(word_error_rate(refs, hyps), 4),
                         "mcd_db": round(float(np.nanmean(mcds)), 3) if mcds else 0.0,

@@ -13,7 +13,8 @@ import pytest
 from engine.train import augment as A
 from engine.train.corpus import build_corpus, short_turn_corpus, split_corpus, text_split
 from engine.train.real_data import RealRecordings, find_items, speech_spans
-from engine.train.stt_data import EOT_FRAME, END, PAUSE, SPEECH, SttDataset, eot_labels, make_loader, read_shard
+from engine.train.stt_data import (EOT_FRAME, END, PAUSE, SPEECH, SttDataset, call_context_example, eot_labels,
+                                   make_example, make_loader, read_shard)
 from engine.train.textnorm import ALPHABET, normalize, number_to_words, ordinal_words
 
 SR = 16000
@@ -119,6 +120,29 @@ def test_eot_labels_are_well_formed():
     first_end = int(np.argmax(lab == END))
     assert (lab[first_end:] == END).all() and first_end * EOT_FRAME >= 24000
     assert (eot_labels(6400, []) == PAUSE).all()
+
+
+def test_a_later_turn_of_a_call_is_labelled_across_the_gap():
+    """Earlier turn, a reply's worth of line, then the current turn: the earlier turn's end
+    and the whole gap up to the current turn's first word are END, the current turn keeps
+    its own labels from there, and the transcript is both turns'."""
+    rng = np.random.default_rng(0)
+    x1, spans1 = fake_speech(1.9, seed=1)
+    x2, spans2 = fake_speech(2.0, seed=2)
+    earlier = make_example(x1, spans1, "my name is sue", "a", "espeak", None)
+    current = make_example(x2, spans2, "yes please", "a", "espeak", None)
+    for _ in range(5):
+        ex = call_context_example(rng, earlier, current, max_samples=20 * SR)
+        head = -(-len(x1) // EOT_FRAME)
+        assert len(ex["eot"]) == -(-len(ex["audio"]) // EOT_FRAME) and ex["text"] == "my name is sue yes please"
+        tail = len(current["eot"])
+        np.testing.assert_array_equal(ex["eot"][:head], earlier["eot"])
+        first_word = int(np.argmax(current["eot"] == SPEECH))
+        assert (ex["eot"][head:len(ex["eot"]) - tail + first_word] == END).all()
+        np.testing.assert_array_equal(ex["eot"][len(ex["eot"]) - tail + first_word:], current["eot"][first_word:])
+        np.testing.assert_array_equal(ex["audio"][-len(x2):], x2)
+        assert np.isfinite(ex["audio"]).all()
+    assert call_context_example(rng, earlier, current, max_samples=4 * SR) is None
 
 
 # ---------------------------------------------------------------- augmentation
@@ -244,6 +268,16 @@ def test_shard_format(shard_dir):
         assert not u["speaker"].startswith(("kokoro-jf_nezumi", "kokoro-jf_tebukuro", "flite-slt"))
     summary = json.loads((shard_dir / "shard-00000.json").read_text())
     assert summary["n"] == 12 and summary["seconds"] > 0
+
+
+def test_dataset_mixes_in_later_turns_of_a_call(shard_dir):
+    ds = SttDataset([str(shard_dir)], seed=4, non_speech_share=0.0, echo_residue_share=0.0, call_context_share=1.0)
+    texts = {u["text"] for u in read_shard(str(shard_dir / "shard-00000.npz"))}
+    examples = [ex for ex, _ in zip(iter(ds), range(12))]
+    joined = [ex for ex in examples if ex["text"] not in texts]
+    assert joined, "some examples are two turns of one call"
+    for ex in joined:
+        assert len(ex["eot"]) == -(-len(ex["audio"]) // EOT_FRAME) and (ex["eot"] == END).sum() > 1.0 * SR / EOT_FRAME
 
 
 def test_dataset_yields_endless_augmented_examples(shard_dir):

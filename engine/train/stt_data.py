@@ -34,6 +34,9 @@ ECHO_RESIDUE_SHARE = 0.05 # examples of speech 40-60 dB down under comfort noise
 RESIDUE_DB = (40.0, 60.0)      # attenuation of the echo below a -20 dBFS (RMS) talker
 RESIDUE_JITTER_DB = 8.0        # per band and frame: a suppressor's gains are not flat
 RESIDUE_BAND_BINS = 16         # STFT bins (500 Hz) sharing one gain
+CALL_CONTEXT_SHARE = 0.0  # examples heard after an earlier turn and a reply's worth of line (call_context_example)
+CALL_GAP_S = (1.0, 8.0)   # how long Parley answered in between
+CALL_MAX_FACTOR = 1.5     # a call-context example may be this much longer than max_seconds
 
 
 def eot_labels(n_samples: int, spans) -> np.ndarray:
@@ -130,6 +133,35 @@ def echo_residue_example(rng: np.random.Generator, speech: np.ndarray) -> dict:
             "engine": "echo_residue"}
 
 
+def call_context_example(rng: np.random.Generator, earlier: dict, current: dict, max_samples: int) -> dict:
+    """`current` as a call's later turn: `earlier` turn, then 1-8 s of what the recognizer
+    hears while Parley answers (digital silence, faint noise, or Parley's voice far down
+    under comfort noise), then `current`. A live recognizer carries its state through all of
+    that; trained only on single turns, its end-of-turn output came to depend on audio heard
+    tens of seconds before (bench/replay_call.py). Everything from the earlier turn's end
+    to the current turn's first word is labelled END: the earlier turn is over, and nobody
+    has started the next. None when the whole would be longer than max_samples."""
+    head = np.pad(earlier["audio"], (0, -len(earlier["audio"]) % EOT_FRAME))
+    gap_n = int(rng.uniform(*CALL_GAP_S) * SAMPLE_RATE) // EOT_FRAME * EOT_FRAME
+    if len(head) + gap_n + len(current["audio"]) > max_samples:
+        return None
+    kind = rng.random()
+    if kind < 0.4:
+        gap = np.zeros(gap_n, np.float32)
+    elif kind < 0.7:
+        gap = colored_noise(rng, gap_n, float(rng.uniform(0.0, 2.0))) * 10 ** (rng.uniform(-75, -45) / 20)
+    else:
+        gap = echo_residue_example(rng, np.resize(earlier["audio"], gap_n))["audio"]
+    labels = np.concatenate([earlier["eot"][:len(head) // EOT_FRAME], np.full(gap_n // EOT_FRAME, END, np.int8),
+                             current["eot"]])
+    first_word = np.flatnonzero(labels[len(head) // EOT_FRAME:] == SPEECH)
+    last_end = len(head) // EOT_FRAME
+    labels[last_end:last_end + (int(first_word[0]) if len(first_word) else 0)] = END
+    return {"audio": np.concatenate([head, gap.astype(np.float32), current["audio"]]),
+            "text": f"{earlier['text']} {current['text']}".strip(), "eot": labels,
+            "speaker": current["speaker"], "engine": current["engine"]}
+
+
 def make_example(pcm, spans, text: str, speaker: str, engine: str, augment: Augmenter | None) -> dict:
     """One training example in the format the trainer consumes."""
     x = pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else np.asarray(pcm, np.float32)
@@ -151,9 +183,11 @@ class SttDataset(torch.utils.data.IterableDataset):
     def __init__(self, shard_dirs=("data/stt",), real=(), seed: int = 0, augment: bool = True,
                  augment_config: AugmentConfig | None = None, real_weight: float = 0.5,
                  rank: int = 0, world_size: int = 1, max_seconds: float = MAX_SECONDS,
-                 non_speech_share: float = NON_SPEECH_SHARE, echo_residue_share: float = ECHO_RESIDUE_SHARE):
+                 non_speech_share: float = NON_SPEECH_SHARE, echo_residue_share: float = ECHO_RESIDUE_SHARE,
+                 call_context_share: float = CALL_CONTEXT_SHARE):
         super().__init__()
         self.non_speech_share, self.echo_residue_share = non_speech_share, echo_residue_share
+        self.call_context_share = call_context_share
         self.shard_dirs, self.real, self.seed = list(shard_dirs), list(real), seed
         self.augment, self.augment_config = augment, augment_config
         self.real_weight = real_weight if self.real else 0.0
@@ -170,6 +204,7 @@ class SttDataset(torch.utils.data.IterableDataset):
         aug = Augmenter(seed=int(rng.integers(2**31)), config=self.augment_config) if self.augment else None
         synth = self._synthetic(rng, aug, sid, n_streams)
         real = self._real(rng, aug, sid, n_streams) if self.real else None
+        earlier = None  # the last turn with words: a call's earlier turn for call_context_example
         while True:
             if rng.random() < self.non_speech_share:
                 yield non_speech_example(rng)
@@ -184,6 +219,12 @@ class SttDataset(torch.utils.data.IterableDataset):
                     raise RuntimeError(f"no training data in {self.shard_dirs} {self.real}")
             if rng.random() < self.echo_residue_share:
                 ex = echo_residue_example(rng, ex["audio"])
+            elif ex["text"]:
+                in_call = None
+                if earlier is not None and rng.random() < self.call_context_share:
+                    in_call = call_context_example(rng, earlier, ex, int(self.max_samples * CALL_MAX_FACTOR))
+                earlier = ex
+                ex = in_call or ex
             yield ex
 
     def _synthetic(self, rng, aug, sid: int, n_streams: int):
