@@ -307,6 +307,11 @@ async def record_call(args: argparse.Namespace, wav: Path, seconds: float) -> tu
             delays = {"browser_jitter_buffer_ms_mean": await page.evaluate(BROWSER_JITTER_DELAY)}
             async with aiohttp.ClientSession() as http:
                 delays.update(gateway_delays(await scrape(http, url)))
+                async with http.get(f"{url}/debug/timing?seconds=60") as response:
+                    timing = await response.json()
+                # Late outbound frames make the browser's jitter buffer hold more (NetEq adapts to them).
+                delays["pacing_lateness_ms_last_60s"] = timing["pacing_lateness_ms"]
+                delays["event_loop_lag_ms_last_60s"] = timing["loop_lag_ms"]
             await browser.close()
     finally:
         await kill(proc)
@@ -364,7 +369,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "bargein_event_ms": "the caller's onset -> response.interrupted arriving at the page (stopped trials, "
                                 "in the order of bargein_stop_ms)",
             "path_delays": "where audio waits: the browser's receive jitter buffer (mean over the call), "
-                           "the gateway's (mean), the engine's audio-pushed -> frame-recognized lag (recent p95)",
+                           "the gateway's (mean), the engine's audio-pushed -> frame-recognized lag (recent p95), "
+                           "how late the pacer sent its frames and the event loop's lag (last 60 s of the call)",
             "bargein_pause_event_ms": "the caller's onset -> response.paused arriving at the page (the reply "
                                       "was silenced from the frame after the gateway sent it)",
             "stages_ms_p50": "medians of the gateway's metrics.turn events (server clock; browser_playout_ms: "
