@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import wave
 from pathlib import Path
 from typing import Optional
 
@@ -130,7 +131,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the full JSON report")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    inbound, reference = read_recording(args.recording)
+    try:
+        inbound, reference = read_recording(args.recording)
+    except (OSError, EOFError, ValueError, wave.Error) as exc:
+        raise SystemExit(f"replay_call: {exc}") from None
     report = replay(inbound, reference, load_model(args.stt_weights), args.fresh_lead)
     report["settings"] = {"recording": str(args.recording), "stt_weights": str(args.stt_weights or ""),
                           "fresh_lead_s": args.fresh_lead}

@@ -66,3 +66,13 @@ def test_record_dir_must_exist(tmp_path):
     assert Config(record_dir=str(tmp_path)).validate().record_dir == str(tmp_path)
     with pytest.raises(ConfigError, match="record_dir"):
         Config(record_dir=str(tmp_path / "missing")).validate()
+
+
+def test_replaying_something_that_is_not_a_recording_says_so(tmp_path):
+    from bench.replay_call import main
+
+    (tmp_path / "notes.wav").write_text("not audio")
+    with pytest.raises(SystemExit, match="replay_call: .*RIFF"):
+        main([str(tmp_path / "notes.wav")])
+    with pytest.raises(SystemExit, match="replay_call: .*No such file"):
+        main([str(tmp_path / "missing.wav")])
