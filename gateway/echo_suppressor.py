@@ -13,8 +13,8 @@ reference), so per 20 ms frame it:
    ratio in bands where Parley's voice is strong (a low percentile over the last 2 s: the
    caller's own speech only ever adds energy);
 4. subtracts the predicted echo spectrum from the inbound spectrum (Wiener-style gain with a
-   floor; 50 % overlap, sqrt-Hann windows), so echo is removed while a caller talking over
-   Parley (double talk) keeps most of their energy;
+   floor; low-delay asymmetric windows, so the output lags the input by 4 ms), so echo is
+   removed while a caller talking over Parley (double talk) keeps most of their energy;
 5. fills what it removed with comfort noise at the line's own noise floor: gated bands of
    bare noise sound like hissing speech to a recognizer ("sss"), a steady floor does not;
 6. tells whether the caller is audible over Parley (double talk): what it kept stands well
@@ -270,8 +270,8 @@ def low_delay_windows() -> tuple[np.ndarray, np.ndarray]:
     """Asymmetric analysis and synthesis windows (Mauler & Martin, 2007) for a 20 ms hop.
 
     The analysis window spans two frames for frequency resolution but falls to zero within
-    the last CROSSFADE samples; the synthesis window is zero except over the newest frame and
-    a CROSSFADE either side. Their product is a Hann cross-fade in, one, and a Hann
+    the last CROSSFADE samples; the synthesis window is zero except over the newest frame,
+    shifted CROSSFADE samples earlier. Their product is a Hann cross-fade in, one, and a Hann
     cross-fade out, so consecutive blocks sum to exactly the input when nothing is removed,
     and the output lags the input by CROSSFADE samples instead of a whole frame (a symmetric
     50 % overlap-add's latency): the recognizer hears the caller 16 ms sooner."""
