@@ -37,7 +37,6 @@ from gateway.recording import SAMPLE_RATE, read_recording  # noqa: E402
 
 SOUND_DBFS = -50.0  # a 20 ms inbound frame above this carries the caller's sound
 TURN_GAP_S = 1.0  # quieter stretches shorter than this stay inside one turn (the v2v bench's rule)
-NO_EVENT_MS = None
 
 
 def suppress(inbound: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -81,7 +80,7 @@ def first_after(events: list[tuple[float, str]], kind: str, t: float, until: flo
     for when, what in events:
         if what == kind and t - 0.1 <= when < until:
             return round((when - t) * 1000)
-    return NO_EVENT_MS
+    return None
 
 
 def replay(inbound: np.ndarray, reference: np.ndarray, model: SttModel, fresh_lead_s: float) -> dict:

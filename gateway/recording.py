@@ -17,8 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-SAMPLE_RATE = 16000
-FRAME = 320  # the suppressor's 20 ms frame
+from .echo_suppressor import SAMPLE_RATE
 
 
 class CallRecording:
