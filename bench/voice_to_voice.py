@@ -17,7 +17,8 @@ How it runs
 3. Headless Chromium (Debian chromium via Playwright) calls it from the demo page with the
    WAV as its fake microphone. One AudioWorklet records, sample-aligned on one WebAudio
    clock, two channels: the page's own microphone track (what the caller says) and the
-   remote audio element (what Parley says); the same clock stamps the arrival of each
+   output of the page's playback graph (what the caller hears of Parley, including the
+   page's cut of a paused reply); the same clock stamps the arrival of each
    reply's events (response.audio.start / .end, response.interrupted).
 4. Offline: the caller's utterances (start, end) are found in channel 0 (energy above
    SPEECH_DBFS), Parley's audio in channel 1 (10 ms frames above ONSET_DBFS).
@@ -76,14 +77,14 @@ STAGES = ("end_of_turn_ms", "responder_first_token_ms", "tts_first_audio_ms", "f
           "browser_playout_ms")
 REPLY_EVENTS = ("response.audio.start", "response.audio.end", "response.paused", "response.interrupted", "metrics.turn")
 
-# Records [microphone, remote] as 2 channels of one worklet, from the moment both exist, and
-# the recorded length at which each reply event arrived (checked at every 128-sample chunk).
+# Records [microphone, what the page plays] as 2 channels of one worklet, from the moment both
+# exist, and the recorded length at which each reply event arrived (checked at every
+# 128-sample chunk). The second channel is the output of the page's own playback graph
+# (window.parley.playback, in the page's AudioContext): what the caller hears, including the
+# page's cut of a paused reply.
 START_RECORDER = """
 async (REPLY_EVENTS) => {
   const rec = window.__v2v = {chunks: [], length: 0, rate: 0, started: false, events: [], lastSeq: 0};
-  const context = new AudioContext();
-  await context.resume();
-  rec.rate = context.sampleRate;
   const processor = `registerProcessor("tap2", class extends AudioWorkletProcessor {
     process(inputs) {
       const a = inputs[0][0] || new Float32Array(128), b = inputs[1][0] || new Float32Array(128);
@@ -91,15 +92,18 @@ async (REPLY_EVENTS) => {
       return true;
     }
   });`;
-  await context.audioWorklet.addModule(URL.createObjectURL(new Blob([processor], {type: "text/javascript"})));
-  const timer = setInterval(() => {
-    const remote = document.getElementById("remote").srcObject;
+  const timer = setInterval(async () => {
+    const playback = window.parley.playback;
     const sender = window.parley.pc && window.parley.pc.getSenders().find((s) => s.track);
-    if (!remote || !sender) return;
+    if (!playback || !document.getElementById("remote").srcObject || !sender || rec.starting) return;
+    rec.starting = true;
     clearInterval(timer);
+    const context = playback.context;
+    rec.rate = context.sampleRate;
+    await context.audioWorklet.addModule(URL.createObjectURL(new Blob([processor], {type: "text/javascript"})));
     const tap = new AudioWorkletNode(context, "tap2", {numberOfInputs: 2, channelCount: 1, channelCountMode: "explicit"});
     context.createMediaStreamSource(new MediaStream([sender.track])).connect(tap, 0, 0);
-    context.createMediaStreamSource(remote).connect(tap, 0, 1);
+    playback.output.connect(tap, 0, 1);
     const mute = context.createGain();
     mute.gain.value = 0;
     tap.connect(mute).connect(context.destination);

@@ -7,6 +7,7 @@ from .interface import (
     Engine,
     Final,
     Partial,
+    SpeechLikely,
     SpeechStart,
     SttEvent,
     SttStream,
@@ -19,8 +20,8 @@ from .interface import (
 _RUNTIME_EXPORTS = ("CapacityError", "RuntimeStats", "SpeechEngine", "StreamFailed")
 
 __all__ = [
-    "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechStart",
-    "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", *_RUNTIME_EXPORTS,
+    "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechLikely",
+    "SpeechStart", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", *_RUNTIME_EXPORTS,
 ]
 
 

@@ -24,6 +24,17 @@ class SpeechStart:
 
 
 @dataclass(frozen=True)
+class SpeechLikely:
+    """The recognizer leans towards speech, short of SpeechStart's certainty (its speech head
+    fairly sure, or a first token): usually 40-80 ms before SpeechStart, now and then on a
+    sound that is not speech. For actions that are cheap to undo (pausing a reply under a
+    barge-in), not for turn-taking."""
+
+    t: float  # seconds of stream audio
+    probability: float
+
+
+@dataclass(frozen=True)
 class Partial:
     """Unstable transcript of the words so far in this turn."""
 
@@ -45,7 +56,7 @@ class EndOfTurn:
     confidence: float
 
 
-SttEvent = Union[SpeechStart, Partial, Final, EndOfTurn]
+SttEvent = Union[SpeechStart, SpeechLikely, Partial, Final, EndOfTurn]
 
 
 # -- text-to-speech events -----------------------------------------------------------------

@@ -7,7 +7,7 @@
 One model, one fixed-size state per stream: `forward` runs a whole utterance (training,
 offline), `step` runs one 40 ms frame (streaming); both give the same outputs.
 `StreamDecoder` turns one stream's per-frame outputs into the engine's events (Partial,
-Final with word times, SpeechStart, EndOfTurn); `Recognizer` is the single-stream path
+Final with word times, SpeechLikely, SpeechStart, EndOfTurn); `Recognizer` is the single-stream path
 around it, engine/runtime.py the batched one.
 """
 
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from . import weights
 from .audio import (FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, FrameStacker, StreamingLogMel,
                     to_finite_float, to_float)
-from .interface import EndOfTurn, Final, Partial, SpeechStart, SttEvent
+from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
 from .ssm import BlockState, RecurrentStack
 
 VOCAB = ["<blank>", " ", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
@@ -39,6 +39,11 @@ END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn: 0.5 ended 55-6
 # utterances early; 0.9 cuts that to 25-30 % at 320-540 ms median latency (MODEL_CARD.md)
 SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
 # into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
+LIKELY_PROBABILITY = 0.8  # SpeechLikely: P(speech) this high, or any CTC token (the word boundary " "
+# comes first, often 40-80 ms before P(speech) reaches 0.9). On a recorded bench call the first
+# of them came 40-120 ms into the caller's sound where SpeechStart took 60-200 ms; 4 of 145
+# non-speech clips (loud line noise) reach 0.8, none emits a token, none reaches 0.9
+LIKELY_RESET_PROBABILITY = 0.5  # ... again only once P(speech) has fallen below this, with no token
 SPEECH_START_FRAMES = 2  # or: consecutive non-blank/speech frames once a character is recognised
 WORDLESS_END_FRAMES = 12  # a sound that brought no word closes after 0.48 s without speech
 SILENT_TURN_END_FRAMES = 30  # 1.2 s without speech after words ends the turn even when the end-of-turn
@@ -155,6 +160,7 @@ class StreamDecoder:
         self._speech_frames = 0
         self._quiet_frames = 0
         self._in_speech = False
+        self._likely = False  # SpeechLikely sent for the sound under way
 
     def on_frame(self, token: int, eot: Sequence[float]) -> list[SttEvent]:
         events: list[SttEvent] = []
@@ -165,8 +171,13 @@ class StreamDecoder:
         text = self.ctc.text()
         heard = eot[SPEECH] >= SPEECH_PROBABILITY
         if not self._in_speech and (heard or (self._speech_frames >= SPEECH_START_FRAMES and text)):
-            self._in_speech = True
+            self._in_speech = self._likely = True
             events.append(SpeechStart(t=(self.frame - max(self._speech_frames, 1) + 1) * FRAME_S))
+        elif eot[SPEECH] < LIKELY_RESET_PROBABILITY and token == BLANK:
+            self._likely = False
+        elif not self._in_speech and not self._likely and (eot[SPEECH] >= LIKELY_PROBABILITY or token != BLANK):
+            self._likely = True  # (once per sound: until the head falls back below the reset level)
+            events.append(SpeechLikely(t=self.frame * FRAME_S, probability=float(eot[SPEECH])))
         if grew and text != self._last_partial and self.frame - self._last_partial_frame >= PARTIAL_EVERY_FRAMES:
             # The turn's first partial goes out on its first character: a barge-in pauses on it.
             self._last_partial, self._last_partial_frame = text, self.frame

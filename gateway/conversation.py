@@ -15,8 +15,8 @@ words, the held text is spoken at once (the responder's latency is hidden behind
 end-of-turn decision); if the caller says more, the attempt is cancelled unheard.
 
 Barge-in, in two steps. (1) The caller makes a sound over the reply (the recognizer's
-SpeechStart or any partial text) and the echo suppressor hears the caller's own voice over
-Parley's (asked on every inbound frame for ONSET_AUDIBLE_S after the SpeechStart: a soft
+SpeechLikely, SpeechStart or any partial text) and the echo suppressor hears the caller's own
+voice over Parley's (asked on every inbound frame for ONSET_AUDIBLE_S after the onset: a soft
 onset comes through the suppressor later): the reply is paused (the pacer holds; the next
 20 ms frame is silence) and `response.paused` is sent. (2) If the
 recognizer hears a word (letters with a vowel: "no", "wait" — not the "s" or "o" it can
@@ -26,7 +26,13 @@ and the history keeps only the words the caller heard (from the TTS word marks a
 pacer's played-sample count, which stopped at the pause). A cough or an "mm-hm" yields no
 word: once FALSE_INTERRUPTION_S have passed and the sound has ended (its Final or end of
 turn), or after MAX_PAUSE_S in any case, the reply plays on from where it paused
-(`response.continued {paused_ms}`).
+(`response.continued {paused_ms, rewound_ms}`).
+
+A paused reply's last frames are still on their way when the pause begins (the network,
+the client's jitter buffer: ~100 ms). A client that silences them at once on
+`response.paused` says so (`playback.cut {turn}`; the demo page does); the reply then counts
+as heard only up to the audio sent one playout delay (the page's latest `browser_playout_ms`)
+before the pause, and a reply that plays on is rewound by as much, so the caller hears no gap.
 
 Echo: callers without echo cancellation hear Parley in their microphone; the caller's audio
 goes through an EchoSuppressor (gateway/echo_suppressor.py) fed with what the pacer sends,
@@ -65,7 +71,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import numpy as np
 
-from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
+from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
 
 from .echo_suppressor import EchoSuppressor
 from .events import BadClientMessage, EventChannel
@@ -88,6 +94,7 @@ FALSE_INTERRUPTION_S = 0.6  # a reply paused for the caller's sound plays on if 
 ONSET_AUDIBLE_S = 0.2  # after a SpeechStart, each inbound frame asks whether the caller is audible yet
 MAX_PAUSE_S = 2.0  # ... and once the sound has ended; a wordless sound longer than this is not a turn
 PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
+MAX_PLAYOUT_DELAY_S = 0.4  # a longer playout report is a stalled page, not its audio path
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
@@ -179,16 +186,22 @@ class Reply:
     actions: list[Any] = field(default_factory=list)  # Handoff / EndCall, performed after playback
     times: StageTimes = field(default_factory=StageTimes)
 
-    def heard(self, pacer: PacedAudioTrack) -> tuple[str, int]:
-        """(the words the caller heard, played ms): a word counts once its audio started."""
-        if self.start_sample is None or self.rate is None:
+    def heard(self, pacer: PacedAudioTrack, unheard_samples: int = 0) -> tuple[str, int]:
+        """(the words the caller heard, played ms): a word counts once its audio started;
+        `unheard_samples` of the last audio sent never reached the caller's ear (cut by the client)."""
+        played = self.played(pacer) - unheard_samples
+        if played <= 0:
             played = 0
-        else:
-            played = max(0, min(self.written, pacer.played_samples - self.start_sample))
         played_tts = played * (self.rate or PACER_RATE) / PACER_RATE
         words = self.text.split()[:self.skipped_words]
         words += [word for word, offset in self.marks if offset < played_tts]
         return " ".join(words), round(played * 1000 / PACER_RATE)
+
+    def played(self, pacer: PacedAudioTrack) -> int:
+        """Samples of the current TTS stream's audio sent so far (48 kHz)."""
+        if self.start_sample is None or self.rate is None:
+            return 0
+        return max(0, min(self.written, pacer.played_samples - self.start_sample))
 
 
 class Conversation:
@@ -234,10 +247,13 @@ class Conversation:
         self._speculation: Optional[Speculation] = None
         self._awaiting_playout: dict[int, float] = {}  # turn -> when its first frame was sent (monotonic)
         self._paused_at: Optional[float] = None  # the reply was paused for the caller's sound (monotonic)
+        self._cut_by_client = False  # ... and the client silenced the audio then on its way (playback.cut)
+        self._playout_delay_s: Optional[float] = None  # the page's latest browser_playout_ms, in s
         self._caller_quiet = asyncio.Event()  # cleared from SpeechStart until the Final or end of turn
         self._caller_quiet.set()
-        self._onset_at: Optional[float] = None  # the last SpeechStart (s of caller audio pushed)
+        self._onset_at: Optional[float] = None  # the last SpeechLikely or SpeechStart (s of caller audio pushed)
         events.handle("playout.started", self.on_playout_started)
+        events.handle("playback.cut", self.on_playback_cut)
 
     # -- Mode --------------------------------------------------------------------------------
 
@@ -283,9 +299,11 @@ class Conversation:
     # -- the caller's side --------------------------------------------------------------------
 
     def on_stt_event(self, event: Any) -> None:
-        """One recognizer event (SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
+        """One recognizer event (SpeechLikely, SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
         self._heard_caller(event)
-        if isinstance(event, SpeechStart):
+        if isinstance(event, SpeechLikely):
+            self._maybe_pause()  # cheap to undo: a sound that brings no word plays the reply on
+        elif isinstance(event, SpeechStart):
             self._on_speech_start()
         elif isinstance(event, Partial):
             self.events.emit("transcript.partial", text=event.text)
@@ -304,9 +322,10 @@ class Conversation:
         if isinstance(event, SpeechStart) or (isinstance(event, (Partial, Final)) and event.text.strip()):
             self._last_activity = time.monotonic()
             self._idle_prompted = False
+        if isinstance(event, (SpeechLikely, SpeechStart)):
+            self._onset_at = self._pushed_samples / STT_RATE
         if isinstance(event, SpeechStart):
             self._caller_quiet.clear()
-            self._onset_at = self._pushed_samples / STT_RATE
         elif isinstance(event, (Final, EndOfTurn)):
             self._caller_quiet.set()
 
@@ -543,6 +562,22 @@ class Conversation:
                                    "(unknown, not sent yet, or already reported)")
         playout_ms = round((time.monotonic() - first_frame) * 1000, 1)
         self.events.emit("metrics.turn", turn=turn, browser_playout_ms=playout_ms)
+        if playout_ms <= MAX_PLAYOUT_DELAY_S * 1000:
+            self._playout_delay_s = playout_ms / 1000
+
+    def on_playback_cut(self, message: dict) -> None:
+        """The page silenced a paused reply's audio still on its way (`playback.cut {turn}`)."""
+        turn = message.get("turn")
+        if type(turn) is not int or turn < 1:
+            raise BadClientMessage("playback.cut needs 'turn': the positive integer of a response.paused")
+        if self.reply is not None and self.reply.turn == turn and self._paused_at is not None:
+            self._cut_by_client = True  # (a cut that crossed the reply's end or interruption is moot)
+
+    def _unheard_samples(self) -> int:
+        """Of the audio sent before the pause, how much the client's cut kept from the caller."""
+        if not self._cut_by_client or self._playout_delay_s is None:
+            return 0
+        return round(self._playout_delay_s * PACER_RATE)
 
     async def _finish(self, reply: Reply) -> None:
         """Wait until the reply's audio has played out, then record it as heard in full."""
@@ -591,17 +626,19 @@ class Conversation:
             await asyncio.wait_for(self._caller_quiet.wait(), MAX_PAUSE_S - FALSE_INTERRUPTION_S)
         if self.reply is reply and self._paused_at is not None:
             paused_ms = round((time.monotonic() - self._paused_at) * 1000)
-            self._end_pause()
-            self.events.emit("response.continued", turn=reply.turn, paused_ms=paused_ms)
+            rewound = self._end_pause(rewind_samples=min(self._unheard_samples(), reply.played(self.pacer)))
+            self.events.emit("response.continued", turn=reply.turn, paused_ms=paused_ms,
+                             rewound_ms=round(rewound * 1000 / PACER_RATE))
 
-    def _end_pause(self) -> None:
+    def _end_pause(self, rewind_samples: int = 0) -> int:
         self._paused_at = None
-        self.pacer.release()
+        self._cut_by_client = False
+        return self.pacer.release(rewind_samples)
 
     def _barge_in(self) -> None:
         """The caller spoke a word over the reply: silence now, keep only what was heard."""
         reply = self.reply
-        heard, played_ms = reply.heard(self.pacer)
+        heard, played_ms = reply.heard(self.pacer, self._unheard_samples())
         self.pacer.flush()
         self._cancel_reply()
         self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)

@@ -7,7 +7,9 @@ silence when nothing is queued. It encodes with Parley's own Opus encoder (mono,
 kbit/s, in-band FEC) and hands aiortc finished packets, bypassing aiortc's 96 kbit/s
 stereo encoder. `flush()` empties the queue: the next frame sent is silence, so a
 barge-in stops the caller's audio within one frame. `hold()` does the same but keeps the
-queue, and `release()` plays on from where it stopped (a caller's onset that may be a cough).
+queue, and `release()` plays on from where it stopped (a caller's onset that may be a cough);
+`release(rewind_samples)` first sends again the last audio sent before the hold, for a
+client that cut what was still on its way to the ear when the hold began.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 MAX_QUEUED_S = 120  # refuse to hold more than two minutes of unsent audio
 RESYNC_LATE_S = 0.5  # a wake-up this late means the loop stalled: restart the clock, don't burst
 LATENESS_WINDOW = 3000  # frames kept for percentiles (one minute)
+REWIND_KEPT_S = 0.5  # audio sent lately, kept for release(rewind_samples); more than any playout delay
 
 
 @dataclass
@@ -87,6 +90,9 @@ class PacedAudioTrack(MediaStreamTrack):
         self._encoder = OpusEncoder(SAMPLE_RATE, bitrate)
         self._queue: Deque[np.ndarray] = deque()
         self._queued_samples = 0
+        self._played = 0  # audio samples sent, less any rewound: where playback has got to
+        self._recent: Deque[np.ndarray] = deque()  # the last audio sent (since the last flush), oldest first
+        self._recent_samples = 0
         self._resamplers: dict[int, _Resampler] = {}
         self._start: Optional[float] = None
         self._pts = 0
@@ -118,6 +124,8 @@ class PacedAudioTrack(MediaStreamTrack):
         dropped = self._queued_samples
         self._queue.clear()
         self._queued_samples = 0
+        self._recent.clear()
+        self._recent_samples = 0
         self.stats.flushes += 1
         self.stats.flushed_samples += dropped
         return dropped
@@ -128,9 +136,23 @@ class PacedAudioTrack(MediaStreamTrack):
             self.held = True
             self.stats.holds += 1
 
-    def release(self) -> None:
-        """Play on from where hold() stopped."""
+    def release(self, rewind_samples: int = 0) -> int:
+        """Play on from where hold() stopped, after sending again up to `rewind_samples` (48 kHz)
+        of the audio sent before it (never more than REWIND_KEPT_S, nothing from before a
+        flush). Returns the samples rewound; played_samples moves back by as many."""
         self.held = False
+        rewound = 0
+        while rewound < rewind_samples and self._recent:
+            last = self._recent.pop()
+            take = min(len(last), rewind_samples - rewound)
+            if take < len(last):
+                self._recent.append(last[:-take])
+            self._queue.appendleft(last[len(last) - take:])
+            rewound += take
+        self._recent_samples -= rewound
+        self._queued_samples += rewound
+        self._played -= rewound
+        return rewound
 
     @property
     def queued_ms(self) -> float:
@@ -139,12 +161,12 @@ class PacedAudioTrack(MediaStreamTrack):
     @property
     def write_position(self) -> int:
         """Where audio written now will start playing, on the played_samples scale (48 kHz)."""
-        return self.stats.audio_samples_sent + self._queued_samples
+        return self._played + self._queued_samples
 
     @property
     def played_samples(self) -> int:
-        """Queued audio samples sent so far (48 kHz): where playback has got to."""
-        return self.stats.audio_samples_sent
+        """Queued audio samples sent so far, less any rewound (48 kHz): where playback has got to."""
+        return self._played
 
     # -- consumer side (aiortc's RTP sender) -----------------------------------------
 
@@ -195,6 +217,8 @@ class PacedAudioTrack(MediaStreamTrack):
                 self._queue[0] = head[len(take):]
         taken = FRAME_SAMPLES - need
         self._queued_samples -= taken
+        self._played += taken
+        self._remember(parts)
         self.stats.audio_samples_sent += taken
         self.stats.audio_frames += 1
         if need:
@@ -202,6 +226,12 @@ class PacedAudioTrack(MediaStreamTrack):
             parts.append(np.zeros(need, dtype=np.int16))
         self.stats.queued_ms = self.queued_ms
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _remember(self, parts: list[np.ndarray]) -> None:
+        self._recent.extend(parts)
+        self._recent_samples += sum(len(part) for part in parts)
+        while self._recent_samples - len(self._recent[0]) >= REWIND_KEPT_S * SAMPLE_RATE:
+            self._recent_samples -= len(self._recent.popleft())
 
     def _record_lateness(self, late_ms: float) -> None:
         self._lateness.append(late_ms)

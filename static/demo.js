@@ -9,8 +9,9 @@
 // RTCPeerConnection, the same microphone, and POST /v1/calls {resume_token, last_seq}, with
 // backoff (1, 2, 4, 4, 4 s; 5 tries). The gateway replays the events this page missed.
 //
-// In conversation mode the page also tells the gateway when each reply starts playing here
-// (playout.started), the last stage of the turn's latency (see "playout start" below).
+// In conversation mode the page plays Parley through WebAudio, so that it can cut a reply the
+// caller talks over at once (playback.cut), and tells the gateway when each reply starts
+// playing here (playout.started), the last stage of the turn's latency (see "playback" below).
 
 const ICE_GATHER_TIMEOUT_MS = 3000; // non-trickle: after this, send what has been gathered
 const PING_INTERVAL_MS = 2000;
@@ -57,8 +58,13 @@ const parley = {
   resumeToken: null, // never logged
   lastSeq: 0, // the highest event seq received; sent on resume so only missed events are replayed
   reconnects: 0, // successful reconnects in this session
+  cuts: [], // turns whose playback this page cut (response.paused / .interrupted)
   call,
   hangUp,
+  // Conversation mode: the AudioContext and the node whose output is what this page plays.
+  get playback() {
+    return playback && { context: playback.context, output: playback.output };
+  },
 };
 window.parley = parley;
 
@@ -73,7 +79,7 @@ let eventsChannel = null; // the current connection's "events" data channel
 // False on a resumed connection until its session.ready: the events before it are replays
 // of what this page missed, and their replies are not playing now.
 let eventsLive = false;
-let playout = null; // the playout-start detector: {context, node: Promise<AudioWorkletNode>, source}
+let playback = null; // conversation mode: {context, output, onset: Promise<AudioWorkletNode>, source, cutTurn}
 let playoutTimer = null; // disarms the detector when an announced reply stays silent
 const pingsSent = new Map(); // id -> performance.now()
 
@@ -119,6 +125,7 @@ async function call() {
   parley.location = null;
   parley.sessionId = parley.resumeToken = null;
   parley.lastSeq = parley.reconnects = 0;
+  parley.cuts = [];
   resetStats();
   setState("calling");
   try {
@@ -233,7 +240,7 @@ function playRemote(stream) {
   ui.remote.srcObject = stream;
   // autoplay may be blocked without a gesture; the Call click normally counts as one.
   ui.remote.play().catch((err) => console.debug("parley: remote audio play():", err.message));
-  if (ui.dialog) listenForPlayout(stream);
+  if (ui.dialog) playThroughOutput(stream);
 }
 
 async function onConnectionState(pc) {
@@ -340,13 +347,21 @@ function onEvent(event) {
         renderBubble(event.turn);
       }
       break;
+    case "response.paused":
+      if (eventsLive) cutPlayback(event.turn);
+      break;
+    case "response.continued":
+      openPlayback();
+      break;
     case "response.interrupted":
+      if (eventsLive) cutPlayback(event.turn);
       if (ui.dialog) {
         assistantBubble(event.turn).dataset.heard = event.heard_text;
         renderBubble(event.turn);
       }
       break;
     case "response.audio.start":
+      openPlayback();
       if (eventsLive) armPlayout(event.turn);
       break;
     case "metrics.turn":
@@ -449,46 +464,83 @@ function cell(text) {
   return td;
 }
 
-// -- playout start -------------------------------------------------------------------------
+// -- playback (conversation mode) ---------------------------------------------------------
 
-// The gateway knows when it sent a reply's first frame, not when it began to play here. An
-// AudioWorklet (static/playout-onset.js) on the remote stream, as this page renders it, hears
-// the first sound after response.audio.start; the page sends playout.started {turn} and the
-// gateway times that last stage on its own clock (the two clocks differ), from its first
-// frame to this report's arrival. Not RTCRtpReceiver.getSynchronizationSources().audioLevel:
-// it describes packets as they arrive (before the jitter buffer), and only from an audio-level
-// header extension that Parley's sender does not write. Not an AnalyserNode polled by a
-// timer: timers run late on a busy main thread and barely at all in a background tab.
-function listenForPlayout(stream) {
-  playout ??= startPlayoutDetector();
-  const detector = playout;
-  detector.node
-    .then((node) => {
-      detector.source?.disconnect(); // a reconnect brings a new stream
-      detector.source = detector.context.createMediaStreamSource(stream);
-      detector.source.connect(node);
-    })
-    .catch((err) => console.warn("parley: no playout reports:", err.message));
-}
+// The page plays Parley through WebAudio: remote stream -> `output` gain -> speakers. The
+// <audio> element keeps the stream attached but muted (Chromium feeds a remote WebRTC stream
+// to WebAudio only while a media element plays it); if the AudioContext cannot run (an
+// autoplay policy), the element plays instead. Owning the output serves two things:
+//
+// Barge-in. When the gateway pauses or interrupts a reply for the caller (response.paused,
+// response.interrupted), the audio it sent last is still on its way: the network and this
+// browser's jitter buffer hold ~100 ms of it. The page cuts it at once (a CUT_FADE_S fade,
+// so no click), tells the gateway (playback.cut {turn}: a reply that plays on is rewound by
+// what was cut, and an interrupted one counts only what was heard), and opens again on
+// response.continued or the next reply's response.audio.start.
+//
+// Playout start. The gateway knows when it sent a reply's first frame, not when it began to
+// play here. An AudioWorklet (static/playout-onset.js) on `output`, what this page plays,
+// hears the first sound after response.audio.start; the page sends playout.started {turn}
+// and the gateway times that last stage on its own clock (the two clocks differ), from its
+// first frame to this report's arrival. Not RTCRtpReceiver.getSynchronizationSources()
+// .audioLevel: it describes packets as they arrive (before the jitter buffer), and only from
+// an audio-level header extension that Parley's sender does not write. Not an AnalyserNode
+// polled by a timer: timers run late on a busy main thread and barely at all in a background tab.
+const CUT_FADE_S = 0.005;
 
-function startPlayoutDetector() {
-  const context = new AudioContext();
+function startPlayback() {
+  const context = new AudioContext({ latencyHint: "interactive" });
   context.resume().catch(() => {});
-  const node = context.audioWorklet.addModule("/static/playout-onset.js").then(() => {
+  const output = context.createGain();
+  output.connect(context.destination);
+  const onset = context.audioWorklet.addModule("/static/playout-onset.js").then(() => {
     const worklet = new AudioWorkletNode(context, "playout-onset");
     worklet.port.onmessage = (message) => reportPlayout(message.data.turn);
-    const mute = context.createGain(); // rendered, so that it runs, but silent: the <audio> element plays
+    const mute = context.createGain(); // rendered, so that it runs, but silent
     mute.gain.value = 0;
-    worklet.connect(mute).connect(context.destination);
+    output.connect(worklet).connect(mute).connect(context.destination);
     return worklet;
   });
-  return { context, node, source: null };
+  const useElement = () => { ui.remote.muted = context.state === "running"; };
+  context.onstatechange = useElement;
+  useElement();
+  return { context, output, onset, source: null, cutTurn: null };
+}
+
+// A new remote stream (the call, or a reconnect) goes into the same output.
+function playThroughOutput(stream) {
+  playback ??= startPlayback();
+  playback.source?.disconnect();
+  playback.source = playback.context.createMediaStreamSource(stream);
+  playback.source.connect(playback.output);
+}
+
+function cutPlayback(turn) {
+  if (!playback || playback.cutTurn === turn) return;
+  playback.cutTurn = turn;
+  parley.cuts.push(turn);
+  setPlaybackGain(0);
+  if (eventsChannel?.readyState === "open") eventsChannel.send(JSON.stringify({ type: "playback.cut", turn }));
+}
+
+function openPlayback() {
+  if (!playback || playback.cutTurn === null) return;
+  playback.cutTurn = null;
+  setPlaybackGain(1);
+}
+
+function setPlaybackGain(value) {
+  const { context, output } = playback;
+  ui.remote.volume = value; // (what plays while the context cannot run)
+  const now = context.currentTime;
+  output.gain.cancelScheduledValues(now);
+  output.gain.setValueAtTime(output.gain.value, now);
+  output.gain.linearRampToValueAtTime(value, now + CUT_FADE_S);
 }
 
 function armPlayout(turn) {
-  const detector = playout;
-  if (!detector) return;
-  const tell = (message) => detector.node.then((node) => node.port.postMessage(message)).catch(() => {});
+  if (!playback) return;
+  const tell = (message) => playback.onset.then((node) => node.port.postMessage(message)).catch(() => {});
   tell({ turn });
   clearTimeout(playoutTimer);
   playoutTimer = setTimeout(() => tell({ turn: null }), PLAYOUT_WATCH_MS);
@@ -499,10 +551,12 @@ function reportPlayout(turn) {
   if (eventsChannel?.readyState === "open") eventsChannel.send(JSON.stringify({ type: "playout.started", turn }));
 }
 
-function stopPlayoutDetector() {
+function stopPlayback() {
   clearTimeout(playoutTimer);
-  playout?.context.close().catch(() => {});
-  playout = null;
+  playback?.context.close().catch(() => {});
+  playback = null;
+  ui.remote.muted = false;
+  ui.remote.volume = 1;
 }
 
 // -- reconnecting ------------------------------------------------------------------------
@@ -643,7 +697,7 @@ function dropPeer() {
 function detachCall() {
   currentAttempt++;
   stopLevelMeter();
-  stopPlayoutDetector();
+  stopPlayback();
   localStream?.getTracks().forEach((track) => track.stop());
   localStream = null;
   ui.remote.srcObject = null;

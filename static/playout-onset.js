@@ -1,7 +1,7 @@
 // AudioWorklet for the demo page (static/demo.js): hears when an assistant reply starts
-// playing. It runs on the audio rendering thread, on the remote stream as the page renders
-// it (after the browser's jitter buffer and decoder), and checks every 128-sample render
-// quantum: exact to ~3 ms, and never held back by a busy or throttled main thread.
+// playing. It runs on the audio rendering thread, on what the page plays (after the browser's
+// jitter buffer and decoder), and checks every 128-sample render quantum: exact to ~3 ms,
+// and never held back by a busy or throttled main thread.
 //
 // port in:  {turn}  arm for this reply (turn null: disarm)
 // port out: {turn}  the first quantum louder than ONSET_DBFS since arming (then disarmed)

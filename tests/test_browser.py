@@ -296,3 +296,40 @@ async def test_browser_conversation_view(start_gateway, tmp_path, http):
         print(f"browser playout stage: {playout}")
         await page.click("#hangup")
         await page.wait_for_function("window.parley.state === 'ended'")
+
+
+async def test_browser_cuts_a_reply_the_caller_talks_over(start_gateway, tmp_path, http):
+    """The caller talks over the greeting: the page cuts its playback on response.paused (or
+    .interrupted) instead of letting the ~100 ms already on its way play out, tells the
+    gateway (playback.cut), and plays the reply to the caller's words again."""
+    from engine.wavfile import read_wav
+    from tests.test_conversation_call import conversation_engine
+    from tests.test_stt_shipped import SPEECH
+
+    speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
+    speech = resample(speech / 32768 if np.abs(speech).max() > 1 else speech, 16000, RATE)
+    wav = tmp_path / "caller.wav"
+    write_wav(wav, np.concatenate([np.zeros(3 * RATE, np.float32), speech, np.zeros(6 * RATE, np.float32)]), RATE)
+    gateway = await start_gateway(mode="conversation", responder="scripted", speech_engine=conversation_engine())
+    async with demo_page(wav) as (page, console):
+        await page.goto(f"{gateway.url}/?processing=off")
+        await page.click("#call")
+        await page.wait_for_function("window.parley.state === 'connected'")
+        await page.wait_for_function("window.parley.cuts.length > 0")
+        events = await page.evaluate("window.parley.events")
+        greeting = next(e["turn"] for e in events if e["type"] == "response.audio.start")
+        cut = await page.evaluate("window.parley.cuts[0]")
+        assert cut == greeting, "the caller's words came over the greeting (8 s long)"
+        assert any(e["type"] in ("response.paused", "response.interrupted") and e["turn"] == cut for e in events)
+        await page.wait_for_function("window.parley.playback.output.gain.value === 0")
+
+        # The caller's turn gets its reply, and the page plays it: its playout is reported.
+        await page.wait_for_function(
+            f"window.parley.events.some(e => e.type === 'response.audio.start' && e.turn > {cut})")
+        await page.wait_for_function("window.parley.playback.output.gain.value === 1")
+        await page.wait_for_function(
+            f"window.parley.events.some(e => e.type === 'metrics.turn' && e.turn > {cut} && 'browser_playout_ms' in e)")
+        events = await page.evaluate("window.parley.events")
+        assert not [e for e in events if e["type"] == "error"], "playback.cut was taken without complaint"
+        await page.click("#hangup")
+        await page.wait_for_function("window.parley.state === 'ended'")

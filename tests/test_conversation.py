@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any, AsyncIterator, Optional
 
 import numpy as np
 import pytest
 
-from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechStart, WordMark
+from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
 from gateway.conversation import FALSE_INTERRUPTION_S, MAX_PAUSE_S, Conversation
 from gateway.events import EventChannel
 from gateway.pacer import PacedAudioTrack
@@ -257,6 +258,62 @@ async def test_a_cough_or_mm_hm_does_not_stop_the_reply(harness):
     assert "response.interrupted" not in h.types()
     assert h.tts_streams[0].spoken == ("You said: " + LONG).split(), "spoken once, in full"
     assert h.conversation.history[-1].heard_text == "You said: " + LONG
+
+
+async def test_likely_speech_pauses_the_reply_and_plays_it_on_when_no_word_follows(harness):
+    h = await long_reply_playing(harness, 4)
+    h.conversation.on_stt_event(SpeechLikely(3.0, 0.85))
+    assert h.pacer.held and h.types()[-1] == "response.paused", "the head's lean is enough to pause"
+    assert h.conversation.state == "speaking"
+    continued = await h.wait_for("response.continued")
+    assert continued["paused_ms"] >= 500 and continued["rewound_ms"] == 0, "no cut at the client: nothing to rewind"
+    await h.wait_for("response.audio.end")
+    assert h.conversation.history[-1].heard_text == "You said: " + LONG
+
+
+async def report_playout_delay(h: Harness) -> float:
+    """The page's playout.started for the reply now playing, sent as its first frame goes
+    out: returns the playout delay the gateway measured (s)."""
+    first = await h.wait_for("metrics.turn")
+    h.conversation.events.receive(json.dumps({"type": "playout.started", "turn": first["turn"]}))
+    return (await h.wait_for("metrics.turn", count=2))["browser_playout_ms"] / 1000
+
+
+async def test_a_client_cut_rewinds_a_reply_that_plays_on(harness):
+    """playback.cut: the page silenced the audio still on its way at the pause, so the reply
+    plays on from one playout delay before the pause, and no word is lost."""
+    h = harness(EchoResponder())
+    h.say(LONG)
+    delay = await report_playout_delay(h)
+    await h.wait_played(4 * WORD_S)
+    h.conversation.on_stt_event(SpeechLikely(3.0, 0.85))
+    turn = h.conversation.reply.turn
+    paused_at = h.pacer.played_samples
+    bad = [{"type": "playback.cut"}, {"type": "playback.cut", "turn": "x"}, {"type": "playback.cut", "turn": 0}]
+    for message in bad + [{"type": "playback.cut", "turn": turn}]:
+        h.conversation.events.receive(json.dumps(message))
+    assert [e["code"] for e in h.sent if e["type"] == "error"] == ["bad_message"] * len(bad)
+    continued = await h.wait_for("response.continued")
+    assert continued["rewound_ms"] == pytest.approx(delay * 1000, abs=1)
+    await h.frames_sent(1)
+    assert h.pacer.played_samples <= paused_at - round(delay * 48000) + 960, "played on from before the pause"
+    await h.wait_for("response.audio.end")
+    assert h.tts_streams[0].spoken == ("You said: " + LONG).split(), "synthesized once"
+
+
+async def test_a_client_cut_leaves_the_unheard_words_out_of_the_history(harness):
+    h = harness(EchoResponder())
+    h.say(LONG)
+    delay = await report_playout_delay(h)
+    await h.wait_played(6 * WORD_S + delay)
+    h.conversation.on_stt_event(SpeechLikely(3.0, 0.85))
+    played = h.pacer.played_samples - h.conversation.reply.start_sample
+    h.conversation.events.receive(json.dumps({"type": "playback.cut", "turn": h.conversation.reply.turn}))
+    h.conversation.on_stt_event(Partial("wait"))
+    interrupted = await h.wait_for("response.interrupted")
+    assert interrupted["played_ms"] == round((played - round(delay * 48000)) * 1000 / 48000)
+    words_heard = math.ceil((played - round(delay * 48000)) / 48000 / WORD_S)  # a word counts once it started
+    assert len(interrupted["heard_text"].split()) == words_heard
 
 
 async def test_a_reply_stays_paused_while_the_caller_is_still_making_sound(harness):

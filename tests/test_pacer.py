@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 
 from gateway.opus import OpusDecoder
-from gateway.pacer import FRAME_SAMPLES, SAMPLE_RATE, PacedAudioTrack
+from gateway.pacer import FRAME_SAMPLES, REWIND_KEPT_S, SAMPLE_RATE, PacedAudioTrack
 
 
 class VirtualClock:
@@ -90,6 +90,38 @@ async def test_hold_silences_the_next_frame_and_release_plays_on_from_there():
     pacer.release()
     await pacer.recv()
     assert pacer.stats.audio_samples_sent == sent + FRAME_SAMPLES  # the next piece, nothing skipped
+
+
+async def test_release_with_a_rewind_sends_the_last_audio_again():
+    """What a client cut on the way to the ear is sent again, exactly, and played_samples
+    moves back by as much; never more than REWIND_KEPT_S, nothing from before a flush."""
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    sent: list[np.ndarray] = []
+    pacer.on_sent = lambda pcm: sent.append(pcm.copy())
+    pacer.write(tone(2.0, 24000), 24000)
+    for _ in range(40):
+        await pacer.recv()
+    played, position = pacer.played_samples, pacer.write_position
+    pacer.hold()
+    await pacer.recv()
+    rewind = 5 * FRAME_SAMPLES + 100
+    assert pacer.release(rewind) == rewind
+    assert pacer.played_samples == played - rewind and pacer.write_position == position
+    for _ in range(6):
+        await pacer.recv()
+    before = np.concatenate(sent[:40])
+    again = np.concatenate(sent[41:47])
+    assert np.array_equal(again[:rewind], before[-rewind:]), "the cut audio, sample for sample"
+
+    pacer.hold()
+    kept = pacer.release(10 * SAMPLE_RATE)
+    assert REWIND_KEPT_S * SAMPLE_RATE <= kept < REWIND_KEPT_S * SAMPLE_RATE + FRAME_SAMPLES, "bounded by what is kept"
+    pacer.flush()
+    pacer.write(tone(0.5, 24000), 24000)
+    await pacer.recv()
+    pacer.hold()
+    assert pacer.release(10 * SAMPLE_RATE) == FRAME_SAMPLES, "nothing from before the flush"
 
 
 async def test_a_stalled_loop_restarts_the_clock_instead_of_bursting():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.audio import N_FFT, HOP_LENGTH, StreamingLogMel, log_mel, stack_frames
-from engine.interface import EndOfTurn, Final, Partial, SpeechStart
+from engine.interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart
 from engine.stt import (BLANK, SILENT_TURN_END_FRAMES, WORDLESS_END_FRAMES, GreedyCtc, Recognizer, StreamDecoder, SttConfig, SttModel,
                         VOCAB, encode_text, transcribe)
 
@@ -68,6 +68,33 @@ def test_a_sure_speech_frame_starts_speech_before_any_character():
     assert isinstance(start, SpeechStart) and start.t == pytest.approx(0.04)
 
 
+def test_a_leaning_frame_reports_likely_speech_once_per_sound():
+    decoder = StreamDecoder()
+    leaning, unsure, quiet = (0.85, 0.15, 0.0), (0.6, 0.4, 0.0), (0.3, 0.7, 0.0)
+    (likely,) = decoder.on_frame(BLANK, leaning)
+    assert isinstance(likely, SpeechLikely) and likely.probability == pytest.approx(0.85)
+    assert decoder.on_frame(BLANK, leaning) == [] and decoder.on_frame(BLANK, unsure) == [], "once per sound"
+    assert decoder.on_frame(BLANK, quiet) == []
+    (again,) = decoder.on_frame(BLANK, leaning)
+    assert isinstance(again, SpeechLikely), "a new sound after the head fell back"
+    (start,) = decoder.on_frame(BLANK, (0.95, 0.05, 0.0))
+    assert isinstance(start, SpeechStart), "certainty still starts speech"
+    assert decoder.on_frame(BLANK, quiet) == [] and decoder.on_frame(BLANK, leaning) == [], "none within speech"
+
+
+def test_a_first_token_reports_likely_speech_before_the_head_is_sure():
+    decoder = StreamDecoder()
+    (likely,) = decoder.on_frame(encode_text(" ")[0], (0.3, 0.5, 0.2))
+    assert isinstance(likely, SpeechLikely), "the word boundary a recognizer emits at a word's onset"
+    events = decoder.on_frame(encode_text("a")[0], (0.3, 0.5, 0.2))
+    assert not any(isinstance(e, SpeechLikely) for e in events), "once per sound"
+
+
+def test_a_sure_frame_starts_speech_without_a_likely_first():
+    decoder = StreamDecoder()
+    assert [type(e) for e in decoder.on_frame(BLANK, (0.95, 0.05, 0.0))] == [SpeechStart]
+
+
 def test_a_wordless_sound_closes_without_a_final():
     decoder = StreamDecoder()
     decoder.on_frame(BLANK, (0.95, 0.05, 0.0))
@@ -87,7 +114,7 @@ def test_recognizer_streams_events_without_crashing_on_odd_audio():
                   np.full(8000, 32767, np.int16), np.zeros(16000 * 10, np.int16)]:
         events += recognizer.push(chunk)
     events += recognizer.flush()
-    assert all(isinstance(e, (Partial, Final, SpeechStart, EndOfTurn)) for e in events)
+    assert all(isinstance(e, (Partial, Final, SpeechLikely, SpeechStart, EndOfTurn)) for e in events)
     with pytest.raises(ValueError):
         recognizer.push(np.array([np.nan], dtype=np.float32))
     assert isinstance(transcribe(model, np.zeros(100, np.int16)), str)
