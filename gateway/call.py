@@ -28,7 +28,9 @@ MIGRATE_FLUSH_S = 1.0  # longest wait for session.migrate to leave the data chan
 
 PEER_CHECK_S = 1.0  # how often a connected call checks that its peer is still there
 # Ends the client must not undo by reconnecting: it hung up, or the session went on elsewhere.
-FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over"})
+# Ends the client must not resume: they hung up, the session moved on, or the assistant ended
+# the call (a goodbye, or a caller who stayed silent).
+FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over", "assistant_ended", "idle"})
 ENDED_FLUSH_S = 0.5  # longest wait for session.ended to leave before the connection closes
 
 

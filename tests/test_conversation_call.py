@@ -1,7 +1,9 @@
-"""A whole conversation turn through real parts: an aiortc caller speaks (a recorded
-utterance), the gateway's jitter buffer feeds the shipped STT model on the batched
-runtime, the end of turn starts the echo responder, the reply is synthesized by the
-engine's streaming TTS and paced back to the caller — who hears it.
+"""Whole conversations through real parts: an aiortc caller speaks (recorded utterances),
+the gateway's jitter buffer feeds the shipped STT model on the batched runtime, the end of
+turn starts the responder, the reply is synthesized by the engine's streaming TTS and paced
+back to the caller — who hears it. Then the same parts in the loop's hard cases: a barge-in
+over the greeting (the history keeps the words heard), a responder that never answers and a
+caller who then says nothing, and a caller who never pauses.
 
 The TTS is the shipped model when there is one; otherwise a small randomly initialised model
 of the same architecture, whose "speech" is near-silent noise with the reply's timing — then
@@ -98,3 +100,107 @@ def check_recording(path, reply_audible: bool) -> None:
     report = replay(inbound, reference, load_model(), fresh_lead_s=2.0)
     turn = report["turns"][0]
     assert turn["end_of_turn_ms"]["call"] is not None, report
+
+
+# -- scenarios over the same real parts --------------------------------------------------------
+
+def utterance(name: str) -> np.ndarray:
+    """A held-out flite utterance at 48 kHz, float32."""
+    speech = read_wav(SPEECH / name, 16000).astype(np.float32)
+    return resample(speech / 32768 if np.abs(speech).max() > 1 else speech, 16000, RATE)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(round(seconds * RATE), np.float32)
+
+
+async def test_a_caller_barges_into_the_greeting_and_the_history_keeps_what_was_heard(start_gateway, http):
+    """The scripted flow's 8 s greeting; the caller talks over it 3 s in, then speaks again
+    after the reply: the greeting is cut off (its heard words only in the history), and both
+    of the caller's turns get a reply."""
+    gateway = await start_gateway(mode="conversation", responder="scripted", speech_engine=conversation_engine())
+    caller = Caller(gateway.url, np.concatenate([silence(3.0), utterance("flite_slt-020.wav"), silence(12.0),
+                                                 utterance("flite_slt-021.wav"), silence(8.0)]))
+    await caller.call(http)
+    greeting = await caller.wait_for_event("response.audio.start", DEADLINE_S)
+    interrupted = await caller.wait_for_event("response.interrupted", DEADLINE_S)
+    assert interrupted["turn"] == greeting["turn"]
+    call = gateway.registry.by_session[caller.response["session_id"]]
+    said = call.mode.history[0]
+    assert said.role == "assistant" and said.heard_text == interrupted["heard_text"]
+    heard, whole = bare_words(said.heard_text), bare_words(said.text)
+    assert heard and heard == whole[:len(heard)] and len(heard) < len(whole), \
+        "the words played before the caller spoke, not the whole greeting"
+    assert caller.events.index(interrupted) > max(i for i, e in enumerate(caller.events)
+                                                  if e["type"] == "response.paused" or i == 0), "paused first"
+    await wait_until(lambda: len([t for t in call.mode.history if t.role == "user"]) >= 2, 3 * DEADLINE_S)
+    await caller.wait_for_event("response.audio.start", DEADLINE_S,
+                                where=lambda e: e["turn"] > greeting["turn"] + 1)
+    users = [t for t in call.mode.history if t.role == "user"]
+    assert all(t.text for t in users), "two transcribed turns"
+    assert not [e for e in caller.events if e["type"] == "error"]
+    await caller.hang_up(http)
+
+
+async def test_a_hanging_responder_gets_an_apology_and_a_silent_caller_is_hung_up_on(start_gateway, http):
+    """An OpenAI-compatible endpoint that never answers: after responder_timeout_s the caller
+    hears an apology and gets an error event, not silence. Then the caller says nothing: they
+    are asked whether they are still there, and the call ends (reason idle)."""
+    from aiohttp import web
+
+    async def never_answers(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", never_answers)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        gateway = await start_gateway(
+            mode="conversation", responder="openai", speech_engine=conversation_engine(),
+            openai_base_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1", openai_model="m",
+            responder_timeout_s=1.5, idle_prompt_s=2.0, idle_hangup_s=2.0)
+        caller = Caller(gateway.url, np.concatenate([silence(0.5), utterance("flite_slt-020.wav")]))
+        await caller.call(http)
+        await caller.wait_for_event("turn.end", DEADLINE_S)
+        error = await caller.wait_for_event("error", DEADLINE_S)
+        assert error["code"].startswith("responder_")
+        apology = await caller.wait_for_event("response.text.delta", DEADLINE_S, where=lambda e: "trouble" in e["delta"])
+        await caller.wait_for_event("response.audio.end", DEADLINE_S, where=lambda e: e["turn"] == apology["turn"])
+        await caller.wait_for_event("response.text.delta", DEADLINE_S, where=lambda e: "still there" in e["delta"])
+        ended = await caller.wait_for_event("session.ended", DEADLINE_S)
+        assert ended["reason"] == "idle"
+        await caller.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_caller_who_never_pauses_is_answered_at_the_turn_limit(start_gateway, http):
+    """Speech without a pause for twice max_turn_s: the loop ends the turn itself at the limit,
+    and the reply starts while the caller is still talking."""
+    gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine(),
+                                  max_turn_s=3.0)
+    voiced = [trim(utterance(name)) for name in ("flite_slt-020.wav", "flite_slt-021.wav")]
+    talking = np.concatenate([silence(0.5)] + voiced * 4)
+    caller = Caller(gateway.url, np.concatenate([talking, silence(4.0)]))
+    await caller.call(http)
+    end = await caller.wait_for_event("turn.end", 3 * DEADLINE_S, where=lambda e: e.get("forced"))
+    reply = await caller.wait_for_event("response.text.delta", DEADLINE_S,
+                                        where=lambda e: caller.events.index(e) > caller.events.index(end))
+    assert reply["delta"].startswith("You said:")
+    sent_s = caller.track._pts / RATE  # how much of the caller's audio had gone out by then
+    assert sent_s < len(talking) / RATE, f"answered after the caller stopped ({sent_s:.1f} s); {end}"
+    await caller.hang_up(http)
+
+
+def bare_words(text: str) -> list[str]:
+    return [w.strip(".,?!").lower() for w in text.split()]
+
+
+def trim(samples: np.ndarray) -> np.ndarray:
+    """The voiced part of an utterance: no leading or trailing silence."""
+    loud = np.flatnonzero(np.abs(samples) > 0.02)
+    return samples[loud[0]:loud[-1] + 1]
