@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine import weights
-from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechStart, SttStream
+from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
 from engine.stt import END_OF_TURN, Recognizer, SttConfig, SttModel, load_model
@@ -100,6 +100,8 @@ def assert_same_events(got: list, expected: list) -> None:
             assert math.isclose(a.confidence, b.confidence, abs_tol=1e-4)
         elif isinstance(a, SpeechStart):
             assert math.isclose(a.t, b.t, abs_tol=1e-9)
+        elif isinstance(a, SpeechLikely):
+            assert math.isclose(a.t, b.t, abs_tol=1e-9) and math.isclose(a.probability, b.probability, abs_tol=1e-4)
         elif isinstance(a, Final):
             assert a.text == b.text and len(a.words) == len(b.words)
             assert all(w == v and math.isclose(s, t, abs_tol=1e-9) and math.isclose(e, f, abs_tol=1e-9)
