@@ -501,9 +501,10 @@ function startPlayback() {
     output.connect(worklet).connect(mute).connect(context.destination);
     return worklet;
   });
-  const useElement = () => { ui.remote.muted = context.state === "running"; };
-  context.onstatechange = useElement;
-  useElement();
+  // The element plays only while the context cannot (both at once would double the audio).
+  const muteElementWhileContextRuns = () => { ui.remote.muted = context.state === "running"; };
+  context.onstatechange = muteElementWhileContextRuns;
+  muteElementWhileContextRuns();
   return { context, output, onset, source: null, cutTurn: null };
 }
 
