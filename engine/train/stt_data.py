@@ -133,7 +133,7 @@ def echo_residue_example(rng: np.random.Generator, speech: np.ndarray) -> dict:
             "engine": "echo_residue"}
 
 
-def call_context_example(rng: np.random.Generator, earlier: dict, current: dict, max_samples: int) -> dict:
+def call_context_example(rng: np.random.Generator, earlier: dict, current: dict, max_samples: int) -> "dict | None":
     """`current` as a call's later turn: `earlier` turn, then 1-8 s of what the recognizer
     hears while Parley answers (digital silence, faint noise, or Parley's voice far down
     under comfort noise), then `current`. A live recognizer carries its state through all of
