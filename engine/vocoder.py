@@ -9,14 +9,17 @@ computed from teacher audio by WORLD analysis (harvest f0, cheaptrick envelope, 
 aperiodicity; engine/train/tts_data.py) and squeezed into mel bands. Synthesis:
 
 - harmonics: a sum of cosines at k * f0 with the phase carried across frames, amplitude
-  sqrt(envelope * (1 - aperiodicity)) at each harmonic's frequency;
+  sqrt(envelope * (1 - aperiodicity)) at each harmonic's frequency, and each harmonic offset
+  by the phase of the minimum-phase filter with the envelope's magnitude (as WORLD's pulses
+  are): zero-phase harmonics peak together into a buzz that the judge understood less
+  (held-out WER 0.130 -> 0.115, bench/tts_vocoder_ceiling.py);
 - noise: counter-based white noise (so streaming == offline, bit for bit), filtered per
   frame by sqrt(envelope * aperiodicity) in the FFT domain, Hann overlap-add;
 - parameters are interpolated from the previous frame to the current one across a hop,
   so frame t sounds in samples [t * HOP, (t + 1) * HOP) with no lookahead.
 
-State per stream (VocoderState): phase, the previous frame's f0 and harmonic amplitudes,
-the noise overlap-add tail; a few KiB.
+State per stream (VocoderState): phase, the previous frame's f0, harmonic amplitudes and
+phase offsets, the noise overlap-add tail; a few KiB.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ N_AP = 6  # aperiodicity bands
 AP_EDGES_HZ = (0, 500, 1000, 2000, 4000, 6000, SAMPLE_RATE // 2)
 N_HARMONICS = 160  # enough to reach Nyquist for f0 >= 69 Hz
 NOISE_FFT = 2 * HOP  # noise frames: Hann window of 2 hops, 50 % overlap
+MIN_PHASE_FFT = 512  # cepstrum size for the harmonics' minimum phase (43 Hz bins: the envelope is smooth)
 F0_FLOOR, F0_CEIL = 60.0, 400.0
 N_FEATURES = 2 + N_BANDS + N_AP
 LOG_FLOOR = 1e-10  # power floor before the log
-HARMONIC_GAIN = 1.28  # fitted: log frame energies match the teacher (bench/tts_vocoder_ceiling.py --calibrate)
-NOISE_GAIN = 0.185  # fitted likewise on unvoiced frames
+HARMONIC_GAIN = 1.325  # fitted: log frame energies match the teacher (bench/tts_vocoder_ceiling.py --calibrate)
+NOISE_GAIN = 0.897  # fitted likewise on unvoiced frames
 
 
 def _mel(hz):
@@ -94,12 +98,47 @@ def _ap_at(ap: Tensor, freqs: Tensor) -> Tensor:
     return torch.gather(ap, 1, index)
 
 
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """(x * constant) mod 2^32 for x < 2^32, in 16-bit halves so no int64 product overflows."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & 0xFFFFFFFF
+
+
+def _hash32(x: Tensor) -> Tensor:
+    """Chris Wellons' lowbias32 integer hash: well-mixed 32-bit values from a counter."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
 def counter_noise(start: Tensor, n: int) -> Tensor:
     """Deterministic white noise for samples start..start+n-1 of each stream ([B] -> [B, n]),
-    uniform in [-sqrt(3), sqrt(3)] (unit variance); depends only on the sample index."""
-    index = (start[:, None] + torch.arange(n, device=start.device)[None]).double()
-    x = torch.frac(torch.sin(index * 12.9898 + 78.233) * 43758.5453)
-    return ((x.float() * 2 - 1) * math.sqrt(3.0))
+    uniform in [-sqrt(3), sqrt(3)] (unit variance); depends only on the sample index.
+
+    An integer hash, not the shader trick frac(sin(i a) b): that one is a sinusoid at
+    a rad/sample (1.5 kHz here) plus DC in disguise, with 87 % of its power in two bins."""
+    index = start[:, None] + torch.arange(n, device=start.device)[None]
+    bits = _hash32(_hash32(index & 0xFFFFFFFF) ^ (index >> 32))
+    return (bits.float() / 2.0 ** 32 * 2 - 1) * math.sqrt(3.0)
+
+
+def _min_phase_at(log_bands: Tensor, freqs: Tensor) -> Tensor:
+    """Phase (rad) at frequencies [B, K] (Hz) of the minimum-phase filter whose magnitude is
+    the envelope [B, N_BANDS]: fold the real cepstrum of the log magnitude onto positive quefrencies."""
+    n_bins = MIN_PHASE_FFT // 2 + 1
+    grid = torch.linspace(0, SAMPLE_RATE / 2, n_bins, device=log_bands.device).expand(log_bands.shape[0], -1)
+    cepstrum = torch.fft.irfft(0.5 * _interp_bands(log_bands, grid), n=MIN_PHASE_FFT)
+    fold = torch.zeros(MIN_PHASE_FFT, device=log_bands.device)
+    fold[0] = fold[MIN_PHASE_FFT // 2] = 1.0
+    fold[1:MIN_PHASE_FFT // 2] = 2.0
+    phase = torch.fft.rfft(cepstrum * fold).imag  # [B, n_bins]
+    pos = (freqs / (SAMPLE_RATE / 2) * (n_bins - 1)).clamp(0, n_bins - 1 - 1e-4)
+    left = pos.floor().long()
+    lo, hi = torch.gather(phase, 1, left), torch.gather(phase, 1, left + 1)
+    return lo + (pos - left) * (hi - lo)
 
 
 @dataclass
@@ -107,6 +146,7 @@ class VocoderState:
     phase: Tensor  # [B] radians of the fundamental, fp64
     f0: Tensor  # [B] previous frame's f0 (Hz, 0 = unvoiced)
     amps: Tensor  # [B, N_HARMONICS] previous frame's harmonic amplitudes
+    offsets: Tensor  # [B, N_HARMONICS] previous frame's harmonic phase offsets (rad)
     noise_tail: Tensor  # [B, NOISE_FFT - HOP] overlap-add memory
     sample: Tensor  # [B] int64 samples produced so far (noise counter)
 
@@ -114,11 +154,13 @@ class VocoderState:
     def zeros(batch: int, device=None) -> "VocoderState":
         return VocoderState(torch.zeros(batch, dtype=torch.float64, device=device),
                             torch.zeros(batch, device=device), torch.zeros(batch, N_HARMONICS, device=device),
+                            torch.zeros(batch, N_HARMONICS, device=device),
                             torch.zeros(batch, NOISE_FFT - HOP, device=device),
                             torch.zeros(batch, dtype=torch.long, device=device))
 
     def select(self, index) -> "VocoderState":
-        return VocoderState(*(t[index] for t in (self.phase, self.f0, self.amps, self.noise_tail, self.sample)))
+        return VocoderState(*(t[index] for t in (self.phase, self.f0, self.amps, self.offsets, self.noise_tail,
+                                                 self.sample)))
 
 
 def split_features(features: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -172,11 +214,17 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     # The envelope is a power density: each harmonic carries the power of one f0-wide band,
     # A² ∝ P f0 (measured: the teacher/synth energy ratio tracks f0^-1.2 with A ∝ P^½ f0).
     amps = torch.sqrt(power * (1 - aperiodic) * 2 * f0[..., None] / SAMPLE_RATE) * HARMONIC_GAIN * below_nyquist
+    offsets = _min_phase_at(flat(envelope), flat(freqs)).view(batch, frames, -1)
 
     # Parameters glide linearly from the previous frame to this one across the hop; an onset
     # or offset keeps the voiced frame's f0 so the glide never sweeps from 0 Hz.
     prev_f0 = torch.cat([state.f0[:, None], f0[:, :-1]], dim=1)
     prev_amps = torch.cat([state.amps[:, None], amps[:, :-1]], dim=1)
+    prev_offsets = torch.cat([state.offsets[:, None], offsets[:, :-1]], dim=1)
+    # Offsets glide by the short way round; a harmonic that starts or stops holds one offset.
+    start_offsets = torch.where(prev_amps > 0, prev_offsets, offsets)
+    offset_glide = torch.remainder(offsets - start_offsets + math.pi, 2 * math.pi) - math.pi
+    offset_glide = offset_glide * ((amps > 0) & (prev_amps > 0))
     start_f0 = torch.where(prev_f0 > 0, prev_f0, f0)
     end_f0 = torch.where(f0 > 0, f0, start_f0)
     ramp = torch.arange(1, HOP + 1, device=device, dtype=torch.float32) / HOP  # [HOP]
@@ -188,7 +236,9 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
         # sum_k (a0_k + (a1_k - a0_k) r) cos(k phase) = C @ a0 + r (C @ (a1 - a0)), C = cos(k phase):
         # two batched matmuls instead of materialising the [B, T, HOP, k] amplitude glide.
         k = int(active[-1]) + 1
-        cosines = torch.cos(phase_f[..., None] * harmonics[:k]).view(batch * frames, HOP, k)
+        angles = (phase_f[..., None] * harmonics[:k] + start_offsets[:, :, None, :k]
+                  + offset_glide[:, :, None, :k] * ramp[:, None])
+        cosines = torch.cos(angles).view(batch * frames, HOP, k)
         glide = torch.stack([prev_amps[..., :k], (amps - prev_amps)[..., :k]], dim=-1).view(batch * frames, k, 2)
         start_and_slope = torch.bmm(cosines, glide).view(batch, frames, HOP, 2)
         harmonic = start_and_slope[..., 0] + start_and_slope[..., 1] * ramp
@@ -205,6 +255,6 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     blocks = torch.fft.irfft(torch.fft.rfft(noise) * response * NOISE_GAIN, n=NOISE_FFT)  # [B, T, 2 HOP]
     tails = torch.cat([state.noise_tail[:, None], blocks[:, :-1, HOP:]], dim=1)
     audio = (harmonic + blocks[..., :HOP] + tails).reshape(batch, frames * HOP)
-    new_state = VocoderState(torch.remainder(phase[:, -1], 2 * math.pi), f0[:, -1], amps[:, -1],
+    new_state = VocoderState(torch.remainder(phase[:, -1], 2 * math.pi), f0[:, -1], amps[:, -1], offsets[:, -1],
                              blocks[:, -1, HOP:].contiguous(), state.sample + frames * HOP)
     return audio, new_state

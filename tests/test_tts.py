@@ -96,10 +96,39 @@ def test_vocoder_chunking_is_exact():
     assert torch.isfinite(whole).all()
 
 
+def test_vocoder_noise_is_white():
+    """The noise source is white (no tone, no DC) and depends only on the sample index:
+    an earlier hash hid a 1.5 kHz tone and DC holding most of its power."""
+    noise = vocoder.counter_noise(torch.tensor([0, 3 * 2 ** 32 + 7]), 2 ** 15)
+    assert torch.equal(vocoder.counter_noise(torch.tensor([1000]), 64)[0], noise[0, 1000:1064])
+    for x in noise.numpy():
+        assert abs(x.mean()) < 0.05 and abs(x.var() - 1) < 0.05
+        power = (np.abs(np.fft.rfft(x.reshape(-1, 1024) * np.hanning(1024), axis=1)) ** 2).mean(0)
+        assert power.max() < 2.5 * np.median(power)
+    assert abs(np.corrcoef(noise[0].numpy(), noise[1].numpy())[0, 1]) < 0.05
+
+
+def test_harmonic_phases_are_minimum_phase():
+    """The harmonics' phase offsets make a causal, front-loaded filter from the envelope
+    (as WORLD's pulses are); a flat envelope has zero phase."""
+    n_bins = vocoder.MIN_PHASE_FFT // 2 + 1
+    freqs = torch.linspace(0, vocoder.SAMPLE_RATE / 2, n_bins)[None]
+    assert vocoder._min_phase_at(torch.full((1, vocoder.N_BANDS), -9.0), freqs).abs().max() < 1e-4
+    centers = torch.from_numpy(vocoder.band_centers_hz()).float()
+    formants = sum(3 * torch.exp(-((centers - hz) / 150) ** 2) for hz in (500, 1500, 2500))
+    log_bands = (formants - 10 - centers / 4000)[None]
+    log_amp = 0.5 * vocoder._interp_bands(log_bands, freqs)
+    phase = vocoder._min_phase_at(log_bands, freqs)
+    response = torch.fft.irfft(torch.polar(torch.exp(log_amp), phase), n=vocoder.MIN_PHASE_FFT)[0] ** 2
+    assert response[vocoder.MIN_PHASE_FFT // 2:].sum() < 0.01 * response.sum()
+    zero_phase = torch.fft.irfft(torch.exp(log_amp), n=vocoder.MIN_PHASE_FFT)[0] ** 2
+    assert zero_phase[vocoder.MIN_PHASE_FFT // 2:].sum() > 0.2 * zero_phase.sum()
+
+
 def state_bytes(synth: Synthesizer) -> int:
     tensors = [synth.history] + [t for s in synth.encoder_state + synth.decoder_state for t in (s.conv, s.h)]
     v = synth.vocoder_state
-    tensors += [v.phase, v.f0, v.amps, v.noise_tail, v.sample]
+    tensors += [v.phase, v.f0, v.amps, v.offsets, v.noise_tail, v.sample]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
