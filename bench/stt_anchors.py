@@ -14,7 +14,8 @@ the first --limit files of each (sorted by name) are transcribed by:
   5, faster-whisper's default), no VAD filter, whole file at once;
 - Parley's own model (only with --parley-weights: a .pt training checkpoint or a
   .safetensors file), streamed in 20 ms pieces plus trailing silence through a fresh
-  Recognizer exactly as engine.bench does (same functions).
+  Recognizer exactly as engine.bench does (same functions): `parley` with the shipped
+  word language model (the default), `parley_greedy` without it.
 
 Reported per folder and recogniser:
 
@@ -50,6 +51,7 @@ import torch  # noqa: E402
 
 from engine.audio import SAMPLE_RATE  # noqa: E402
 from engine.bench import TRAILING_SILENCE_S, load_stt, pairs, stream_file  # noqa: E402
+from engine.stt import SHIPPED, LmChoice, resolve_lm  # noqa: E402
 from engine.train.textnorm import normalize_for_wer  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
 from engine.wer import char_error_rate, word_error_rate  # noqa: E402
@@ -120,12 +122,14 @@ def whisper_transcriber(beam_size: int) -> Transcriber:
     return transcribe
 
 
-def parley_transcriber(weights: Path) -> Transcriber:
-    """Parley's streaming Recognizer, as engine.bench runs it (audio + trailing silence)."""
+def parley_transcriber(weights: Path, lm: LmChoice = SHIPPED) -> Transcriber:
+    """Parley's streaming Recognizer, as engine.bench runs it (audio + trailing silence);
+    lm=None decodes greedily (the acoustic model alone)."""
     model = load_stt(weights, "cpu")
+    language_model = resolve_lm(lm)
 
     def transcribe(audio: np.ndarray) -> tuple[str, float]:
-        return stream_file(model, audio)["text"], audio_seconds(audio) + TRAILING_SILENCE_S
+        return stream_file(model, audio, language_model)["text"], audio_seconds(audio) + TRAILING_SILENCE_S
 
     return transcribe
 
@@ -162,6 +166,7 @@ def build_transcribers(args: argparse.Namespace) -> dict[str, Transcriber]:
     transcribers = {name: build() for name, build in builders.items() if name not in args.skip}
     if args.parley_weights:
         transcribers["parley"] = parley_transcriber(Path(args.parley_weights))
+        transcribers["parley_greedy"] = parley_transcriber(Path(args.parley_weights), lm=None)
     if not transcribers:
         raise SystemExit("nothing to run: every anchor skipped and no --parley-weights")
     return transcribers
@@ -185,7 +190,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.stt_anchors", description=__doc__.split("\n")[0])
     parser.add_argument("--data", nargs="+", required=True, help="folder(s) of NAME.wav + NAME.txt")
     parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="first N files per folder (0: all)")
-    parser.add_argument("--parley-weights", help="also run Parley: a .pt checkpoint or .safetensors")
+    parser.add_argument("--parley-weights", help="also run Parley (with the shipped language model, and greedy "
+                        "as parley_greedy): a .pt checkpoint or .safetensors")
     parser.add_argument("--skip", nargs="*", default=[], choices=ANCHORS, help="anchors not to run")
     parser.add_argument("--whisper-beam", type=int, default=WHISPER_DEFAULT_BEAM)
     parser.add_argument("--table", action="store_true", help="also a Markdown table on stderr")

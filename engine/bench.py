@@ -1,6 +1,6 @@
 """Standard engine benchmarks (ARCHITECTURE.md), printing one JSON object.
 
-    python -m engine.bench stt --data DIR [--weights FILE] [--device cpu|cuda] [--limit N] --json
+    python -m engine.bench stt --data DIR [--weights FILE] [--lm shipped|none|FILE.arpa] [--device cpu|cuda] [--limit N] --json
 
     python -m engine.bench tts --texts FILE --out DIR [--weights FILE] [--judge] [--limit N] --json
 
@@ -8,7 +8,8 @@ STT: DIR holds NAME.wav (mono, any sample rate) + NAME.txt (reference). Each fil
 through the Recognizer in 20 ms pieces, as a call would deliver it, followed by
 TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 
-- wer, cer: against the reference, both sides through the same scoring normaliser
+- wer, cer: of the final transcripts (the beam search with --lm, default the shipped word
+  language model; `--lm none` is greedy CTC, the acoustic model alone) against the reference, both sides through the same scoring normaliser
   (textnorm.normalize_for_wer: case, punctuation, fillers, each run of number words as
   one digit string, so "four one two", "four hundred twelve" and "412" agree);
 - rtf: processing time / audio time for the streaming path, one stream;
@@ -40,7 +41,7 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import Recognizer, SttModel, load_model as load_stt
+from .stt import SHIPPED, LmChoice, Recognizer, SttModel, load_model as load_stt, resolve_lm
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
@@ -60,9 +61,9 @@ def pairs(folder: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def stream_file(model: SttModel, audio: np.ndarray) -> dict:
+def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> dict:
     """Run one file through a fresh Recognizer; timings in seconds of audio."""
-    recognizer = Recognizer(model)
+    recognizer = Recognizer(model, lm)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
@@ -91,6 +92,7 @@ def stream_file(model: SttModel, audio: np.ndarray) -> dict:
 def bench_stt(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)  # the target is one stream on one core
     model = load_stt(Path(args.weights) if args.weights else None, args.device)
+    lm = resolve_lm(None if args.lm == "none" else args.lm)
     refs, hyps, lags, eot_latencies = [], [], [], []
     audio_s = elapsed = 0.0
     missed = false_eots = 0
@@ -98,7 +100,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
         audio = read_wav(wav, SAMPLE_RATE)
         if not np.all(np.isfinite(audio)):
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
-        result = stream_file(model, audio)
+        result = stream_file(model, audio, lm)
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
@@ -114,6 +116,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
         return round(float(np.median(values)) * 1000, 1) if values else None
 
     return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
+            "lm": "none" if lm is None else args.lm,
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
             "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
@@ -200,6 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--data", required=True)
     stt.add_argument("--weights", help="a .safetensors file or training checkpoint (default: shipped)")
     stt.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    stt.add_argument("--lm", default=SHIPPED, help="word language model of the final transcripts: shipped (default), none (greedy CTC) or an ARPA file")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")

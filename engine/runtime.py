@@ -46,7 +46,7 @@ from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, Fr
                     log_mel_windows, to_finite_float)
 from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
-from .stt import FRAME_S, StreamDecoder, SttModel, frame_outputs, load_model
+from .stt import FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, frame_outputs, load_model, resolve_lm
 from .text import MAX_PENDING_CHARS
 from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
@@ -199,7 +199,7 @@ class RuntimeSttStream:
         # Runtime-thread side:
         self.fresh = True  # slot not zeroed yet
         self.flush_pending = False
-        self.windows, self.stacker, self.decoder = StreamingWindows(), FrameStacker(), StreamDecoder()
+        self.windows, self.stacker, self.decoder = StreamingWindows(), FrameStacker(), StreamDecoder(stepper.lm)
         self.frames = torch.zeros(0, FRAMES_PER_STEP * N_MELS)  # model frames waiting for a tick
         self.channel = EventQueue()
 
@@ -359,9 +359,11 @@ class SttStepper(SlotTable):
     kind = "STT"
 
     def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
-                 max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None) -> None:
+                 max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None,
+                 lm: LmChoice = SHIPPED) -> None:
         super().__init__(max_streams)
         self.model, self.device, self.dtype = model, device, dtype
+        self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
         self.frame_ready = frame_ready  # a stream's audio completed a model frame (any thread)
         self.max_frames_per_tick = max_frames_per_tick
         self.pool = StatePool(model.initial_state(1, device), max_streams)
@@ -447,7 +449,7 @@ class SttStepper(SlotTable):
         finite = (torch.isfinite(ctc_logits).all(-1) & torch.isfinite(eot_logits).all(-1)).tolist()
         outputs = frame_outputs(ctc_logits, eot_logits)
         now = time.perf_counter()
-        for stream, (token, eot), ok in zip(batch, outputs, finite):
+        for stream, (token, eot, candidates), ok in zip(batch, outputs, finite):
             if stream.closed:
                 continue
             if not ok:  # rows are independent, so only this stream's state is poisoned
@@ -455,7 +457,7 @@ class SttStepper(SlotTable):
                 continue
             try:
                 frame = stream.decoder.frame
-                self._emit(stream, stream.decoder.on_frame(token, eot))
+                self._emit(stream, stream.decoder.on_frame(token, eot, candidates))
             except Exception as exc:  # noqa: BLE001 - this stream's decoding only
                 self.release(stream, exc)
                 continue
@@ -830,18 +832,19 @@ class Runtime:
     def __init__(self, stt_model: SttModel, *, tts_model: Optional[TtsModel] = None, max_streams: int = 64,
                  device: str = "auto", dtype: Optional[torch.dtype] = None, tick_s: float = FRAME_S,
                  num_threads: Optional[int] = None, max_frames_per_tick: int = MAX_FRAMES_PER_TICK,
-                 admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S) -> None:
+                 admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S, lm: LmChoice = SHIPPED) -> None:
         """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
         num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
         period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
-        run ahead of real time (tests that drive tick() by hand lift it)."""
+        run ahead of real time (tests that drive tick() by hand lift it); lm is the language model
+        of the final transcripts (the shipped one; None decodes greedily)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
-        self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready)
+        self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready, lm)
         self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
                     if tts_model is not None else None)
         self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])

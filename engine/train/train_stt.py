@@ -164,7 +164,7 @@ def hears_non_speech(model: SttModel) -> list[str]:
                "a full-scale buzz": np.tile(np.r_[np.full(40, 32767), np.full(40, -32768)], 1000).astype(np.int16)}
     heard = []
     for name, audio in signals.items():
-        recognizer = Recognizer(model)
+        recognizer = Recognizer(model, lm=None)
         events = [e for start in range(0, len(audio), 320) for e in recognizer.push(audio[start:start + 320])]
         if any(isinstance(e, SpeechStart) for e in events):
             heard.append(name)
@@ -193,7 +193,7 @@ def evaluate_folders(model: SttModel, cfg: dict) -> dict[str, float]:
             txt = wav_path.with_suffix(".txt")
             if txt.exists():
                 refs.append(normalize_for_wer(txt.read_text()))
-                hyps.append(normalize_for_wer(transcribe(model, _read_wav(wav_path))))
+                hyps.append(normalize_for_wer(transcribe(model, _read_wav(wav_path), lm=None)))  # acoustic only
         if refs:
             results[folder.name] = round(word_error_rate(refs, hyps), 4)
     model.train()

@@ -1,0 +1,134 @@
+"""Streaming CTC prefix beam search with a word n-gram language model.
+
+Greedy CTC picks the best letter in every 40 ms frame on its own, so a voice the acoustic
+model hears badly comes out as letter soup ("melisoe lite ats"). The prefix beam search
+keeps the `beam` likeliest transcripts (summing every frame path that spells each one),
+and scores each word as it completes with the language model: alpha * ln P(word | two
+words before) + beta, a bonus per word that offsets the LM's cost of saying anything at
+all. While a word is still being spelled, letters that begin no known word cost
+`OOV_LETTER_PENALTY` each, so the search cannot postpone the LM's verdict by never
+ending a word. Unknown words stay possible (names, spellings), at the LM's <unk> price.
+
+Frames arrive one at a time (`push`), so the work is spread over the turn and the final
+transcript is ready when the turn ends. Each hypothesis carries its words' frame spans,
+for the Final's word times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .lm import BOS, EOS, NgramLm
+
+NEG_INF = -math.inf
+LM_WEIGHT = 0.4  # alpha; chosen with WORD_BONUS and BEAM_WIDTH on the held-out folders without the blind voices
+WORD_BONUS = 1.5  # beta (nats per word)
+BEAM_WIDTH = 16
+OOV_LETTER_PENALTY = 3.0  # nats (times alpha) per letter that leaves every known word
+CANDIDATE_LOG_PROB = -8.0  # letters less likely than this in a frame are not considered
+
+
+def _log_add(a: float, b: float) -> float:
+    if a < b:
+        a, b = b, a
+    return a if b == NEG_INF else a + math.log1p(math.exp(b - a))
+
+
+@dataclass
+class _Hypothesis:
+    blank: float = NEG_INF  # log P(frames so far, ending in blank)
+    letter: float = NEG_INF  # log P(frames so far, ending in the last letter)
+    lm: float = 0.0  # alpha * LM log P + beta of the completed words
+    spans: tuple = ()  # (first frame, last frame) per completed word
+    word_start: int = -1  # first frame of the word being spelled
+    word_end: int = -1  # its latest letter's frame
+
+    @property
+    def acoustic(self) -> float:
+        return _log_add(self.blank, self.letter)
+
+
+# A prefix is (completed words, letters of the word being spelled, last token).
+Prefix = tuple[tuple[str, ...], str, int]
+
+
+class CtcBeamSearch:
+    """One stream's beam over a turn: push each frame's candidate tokens, read `best()`."""
+
+    def __init__(self, lm: NgramLm, vocab: Sequence[str], blank: int = 0, *, lm_weight: float = LM_WEIGHT,
+                 word_bonus: float = WORD_BONUS, beam_width: int = BEAM_WIDTH) -> None:
+        self.lm, self.vocab, self.blank = lm, list(vocab), blank
+        self.space = self.vocab.index(" ")
+        self.lm_weight, self.word_bonus, self.beam_width = lm_weight, word_bonus, beam_width
+        self.reset()
+
+    def reset(self) -> None:
+        self.beams: dict[Prefix, _Hypothesis] = {((), "", self.blank): _Hypothesis(blank=0.0)}
+
+    def push(self, candidates: Sequence[tuple[int, float]], frame: int) -> None:
+        """One frame's (token, log probability) pairs: the blank and the likely letters."""
+        blank_lp = next((lp for token, lp in candidates if token == self.blank), NEG_INF)
+        letters = [(t, lp) for t, lp in candidates if t != self.blank and lp > CANDIDATE_LOG_PROB]
+        grown: dict[Prefix, _Hypothesis] = {}
+        for prefix, hyp in self.beams.items():
+            words, partial, last = prefix
+            stay = self._at(grown, prefix, hyp)
+            stay.blank = _log_add(stay.blank, hyp.acoustic + blank_lp)
+            for token, lp in letters:
+                if token == last:  # a repeat without a blank between collapses into the same letter
+                    stay.letter = _log_add(stay.letter, hyp.letter + lp)
+                    source = hyp.blank + lp
+                else:
+                    source = hyp.acoustic + lp
+                if source == NEG_INF:
+                    continue
+                if token == self.space and not partial:  # a space with no word before it changes nothing
+                    target = self._at(grown, (words, partial, token), hyp)
+                elif token == self.space:
+                    target = self._at(grown, (words + (partial,), "", token), self._complete(hyp, words, partial), source)
+                else:
+                    spelled = _Hypothesis(lm=hyp.lm, spans=hyp.spans,
+                                          word_start=hyp.word_start if partial else frame, word_end=frame)
+                    target = self._at(grown, (words, partial + self.vocab[token], token), spelled, source)
+                target.letter = _log_add(target.letter, source)
+        ranked = sorted(grown.items(), key=lambda item: -self._score(item[0], item[1]))
+        self.beams = dict(ranked[: self.beam_width])
+
+    def best(self) -> tuple[list[str], list[tuple[int, int]]]:
+        """The likeliest transcript so far, as words and each word's (first, last) frame."""
+        best_score, best = NEG_INF, ([], [])
+        for (words, partial, _), hyp in self.beams.items():
+            if partial:
+                hyp = self._complete(hyp, words, partial)
+                words = words + (partial,)
+            score = hyp.acoustic + hyp.lm + self.lm_weight * self.lm.log_prob((BOS,) + words, EOS)
+            if score > best_score:
+                best_score, best = score, (list(words), list(hyp.spans))
+        return best
+
+    def _complete(self, hyp: _Hypothesis, words: tuple[str, ...], word: str) -> _Hypothesis:
+        """hyp with `word` ended: its LM score added and its frame span recorded."""
+        lm = self.lm.log_prob((BOS,) + words, word)
+        if word not in self.lm.vocabulary:
+            lm -= OOV_LETTER_PENALTY * (len(word) - self.lm.known_prefix(word))
+        return _Hypothesis(hyp.blank, hyp.letter, hyp.lm + self.lm_weight * lm + self.word_bonus,
+                           hyp.spans + ((hyp.word_start, hyp.word_end),))
+
+    def _score(self, prefix: Prefix, hyp: _Hypothesis) -> float:
+        partial = prefix[1]
+        unknown = len(partial) - self.lm.known_prefix(partial) if partial else 0
+        return hyp.acoustic + hyp.lm - self.lm_weight * OOV_LETTER_PENALTY * unknown
+
+    @staticmethod
+    def _at(grown: dict, prefix: Prefix, like: _Hypothesis, incoming: Optional[float] = None) -> _Hypothesis:
+        """The hypothesis for prefix in grown, created from `like` (no probability yet) if new.
+        When paths merge, the word times of the likelier incoming path win."""
+        hyp = grown.get(prefix)
+        if hyp is None:
+            hyp = grown[prefix] = _Hypothesis(lm=like.lm, spans=like.spans, word_start=like.word_start,
+                                              word_end=like.word_end)
+        elif incoming is not None and incoming > hyp.acoustic:
+            hyp.spans, hyp.word_start, hyp.word_end = like.spans, like.word_start, like.word_end
+        return hyp

@@ -1,0 +1,43 @@
+"""`python -m engine.bench` runs on a tiny folder / text file and reports every field."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SPEECH = REPO / "tests" / "data" / "speech"
+
+
+def bench(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "engine.bench", *args, "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("lm", ["shipped", "none"])
+def test_stt_bench_reports_every_field(lm):
+    result = bench("stt", "--data", str(SPEECH), "--lm", lm)
+    assert result["benchmark"] == "stt" and result["n"] == 2 and result["lm"] == lm
+    for field in ("wer", "cer", "rtf", "partial_lag_ms_p50", "eot_latency_ms_p50", "false_eot_rate"):
+        assert isinstance(result[field], float), field
+    assert 0 <= result["cer"] <= 1 and result["eot_missed"] in (0, 1, 2)
+
+
+def test_stt_bench_rejects_a_folder_without_pairs(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "engine.bench", "stt", "--data", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "no NAME.wav + NAME.txt pairs" in done.stderr
+
+
+def test_tts_bench_reports_every_field(tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Your order ships on May 3rd.\nThe total is $12.50.\n")
+    result = bench("tts", "--texts", str(texts), "--out", str(tmp_path / "out"))
+    assert result["benchmark"] == "tts" and result["n"] == 2
+    for field in ("ttfa_ms_p50", "ttfa_ms_p95", "rtf", "rtf_cpu", "audio_s"):
+        assert result[field] > 0, field
+    assert len(list((tmp_path / "out").glob("*.wav"))) == 2
