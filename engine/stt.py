@@ -8,9 +8,10 @@ One model, one fixed-size state per stream: `forward` runs a whole utterance (tr
 offline), `step` runs one 40 ms frame (streaming); both give the same outputs.
 `StreamDecoder` turns one stream's per-frame outputs into the engine's events (Partial,
 Final with word times, SpeechLikely, SpeechStart, EndOfTurn); `Recognizer` is the single-stream path
-around it, engine/runtime.py the batched one. Partials are greedy CTC (the first letter is
-what a barge-in pauses on); the Final is the prefix beam search with the word language model
-(engine/beam.py, engine/lm.py), which cut held-out WER from 0.61 to 0.37 (MODEL_CARD.md).
+around it, engine/runtime.py the batched one. Partials and the Final come from the prefix beam
+search with the word language model (engine/beam.py, engine/lm.py), which cut held-out WER
+from 0.61 to 0.37 (MODEL_CARD.md); greedy CTC still decides when speech starts, and fills a
+partial while the beam has no word yet (the first letter is what a barge-in pauses on).
 """
 
 from __future__ import annotations
@@ -205,10 +206,12 @@ class StreamDecoder:
         elif not self._in_speech and not self._likely and (eot[SPEECH] >= LIKELY_PROBABILITY or token != BLANK):
             self._likely = True  # (once per sound: until the head falls back below the reset level)
             events.append(SpeechLikely(t=self.frame * FRAME_S, probability=float(eot[SPEECH])))
-        if grew and text != self._last_partial and self.frame - self._last_partial_frame >= PARTIAL_EVERY_FRAMES:
+        if text and (grew or self.beam is not None) and self.frame - self._last_partial_frame >= PARTIAL_EVERY_FRAMES:
             # The turn's first partial goes out on its first character: a barge-in pauses on it.
-            self._last_partial, self._last_partial_frame = text, self.frame
-            events.append(Partial(text))
+            shown = self._partial_text(text)
+            if shown != self._last_partial:
+                self._last_partial, self._last_partial_frame = shown, self.frame
+                events.append(Partial(shown))
         if self._in_speech and text and (eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD
                                          or self._quiet_frames >= SILENT_TURN_END_FRAMES):
             events += [self._final(), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
@@ -224,6 +227,13 @@ class StreamDecoder:
         events: list[SttEvent] = [self._final()] if self.ctc.text() else []
         self._close_turn()
         return events
+
+    def _partial_text(self, greedy: str) -> str:
+        """What the caller has said so far: the beam's best (so a partial that stays put is
+        what the final will say, and a responder started on it early is not wasted), or
+        the greedy text while the beam has no word yet."""
+        words = self.beam.best()[0] if self.beam is not None else []
+        return " ".join(words) if words else greedy
 
     def _final(self) -> Final:
         """The turn's transcript: the beam's best with the language model, else greedy."""

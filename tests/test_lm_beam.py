@@ -113,7 +113,7 @@ def test_stream_decoder_finals_come_from_the_beam(lm):
     assert final.text == "pay my bill"
     assert [w for w, _, _ in final.words] == ["pay", "my", "bill"]
     partials = [e.text for e in events if hasattr(e, "text")]
-    assert partials and partials[-1].startswith("pay my")  # partials stay greedy
+    assert partials[0] == "p" and partials[-1] == "pay my bill"  # the first letter at once, then the beam's best
 
 
 def test_the_shipped_language_model_loads_and_knows_the_domain():
