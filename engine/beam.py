@@ -27,7 +27,7 @@ LM_WEIGHT = 0.4  # alpha; chosen with WORD_BONUS and BEAM_WIDTH on the held-out 
 WORD_BONUS = 1.5  # beta (nats per word)
 BEAM_WIDTH = 16
 OOV_LETTER_PENALTY = 3.0  # nats (times alpha) per letter that leaves every known word
-CANDIDATE_LOG_PROB = -8.0  # letters less likely than this in a frame are not considered
+CANDIDATE_LOG_PROB = -5.0  # letters less likely than this in a frame are not considered
 
 
 def _log_add(a: float, b: float) -> float:
@@ -71,6 +71,10 @@ class CtcBeamSearch:
         """One frame's (token, log probability) pairs: the blank and the likely letters."""
         blank_lp = next((lp for token, lp in candidates if token == self.blank), NEG_INF)
         letters = [(t, lp) for t, lp in candidates if t != self.blank and lp > CANDIDATE_LOG_PROB]
+        if not letters:  # a third of all frames: every hypothesis just waits through a blank
+            for hyp in self.beams.values():
+                hyp.blank, hyp.letter = hyp.acoustic + blank_lp, NEG_INF
+            return
         grown: dict[Prefix, _Hypothesis] = {}
         for prefix, hyp in self.beams.items():
             words, partial, last = prefix
@@ -103,18 +107,22 @@ class CtcBeamSearch:
             if partial:
                 hyp = self._complete(hyp, words, partial)
                 words = words + (partial,)
-            score = hyp.acoustic + hyp.lm + self.lm_weight * self.lm.log_prob((BOS,) + words, EOS)
+            score = hyp.acoustic + hyp.lm + self.lm_weight * self.lm.log_prob(self._context(words), EOS)
             if score > best_score:
                 best_score, best = score, (list(words), list(hyp.spans))
         return best
 
     def _complete(self, hyp: _Hypothesis, words: tuple[str, ...], word: str) -> _Hypothesis:
         """hyp with `word` ended: its LM score added and its frame span recorded."""
-        lm = self.lm.log_prob((BOS,) + words, word)
+        lm = self.lm.log_prob(self._context(words), word)
         if word not in self.lm.vocabulary:
             lm -= OOV_LETTER_PENALTY * (len(word) - self.lm.known_prefix(word))
         return _Hypothesis(hyp.blank, hyp.letter, hyp.lm + self.lm_weight * lm + self.word_bonus,
                            hyp.spans + ((hyp.word_start, hyp.word_end),))
+
+    def _context(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """The words the LM conditions on: the last order - 1 after <s>."""
+        return ((BOS,) + words)[1 - self.lm.order:] if self.lm.order > 1 else ()
 
     def _score(self, prefix: Prefix, hyp: _Hypothesis) -> float:
         partial = prefix[1]

@@ -36,6 +36,9 @@ class NgramLm:
         self.vocabulary = {g[0] for g in grams if len(g) == 1} - {BOS, UNK}
         self.prefixes = {w[:i] for w in self.vocabulary for i in range(1, len(w) + 1)}
         self.unk = grams.get((UNK,), (UNK_LOG10 * LN10, 0.0))[0]
+        # The beam search asks the same few questions over and over: answer them from memory.
+        self.log_prob = lru_cache(maxsize=1 << 18)(self.log_prob)  # type: ignore[method-assign]
+        self.known_prefix = lru_cache(maxsize=1 << 16)(self.known_prefix)  # type: ignore[method-assign]
 
     def log_prob(self, context: Sequence[str], word: str) -> float:
         """Natural log P(word | context); context is the preceding words after <s>."""
