@@ -160,13 +160,18 @@ class GreedyCtc:
 FrameOutput = tuple[int, list[float], list[tuple[int, float]]]
 
 
+def frame_candidates(ctc_logits: Tensor) -> list[list[tuple[int, float]]]:
+    """CTC logits [T, V] -> per frame the CANDIDATES_PER_FRAME likeliest tokens as
+    (token, log probability), best first: what the beam search reads."""
+    log_probs, tokens = torch.log_softmax(ctc_logits.float(), -1).topk(CANDIDATES_PER_FRAME, dim=-1)
+    return [list(zip(t, lp)) for t, lp in zip(tokens.tolist(), log_probs.tolist())]
+
+
 def frame_outputs(ctc_logits: Tensor, eot_logits: Tensor) -> list[FrameOutput]:
     """A batch of frame logits [B, V], [B, 3] -> per row (best token, end-of-turn probabilities,
-    the CANDIDATES_PER_FRAME likeliest tokens as (token, log probability), best first)."""
-    log_probs, tokens = torch.log_softmax(ctc_logits.float(), -1).topk(CANDIDATES_PER_FRAME, dim=-1)
+    frame_candidates)."""
     probabilities = torch.softmax(eot_logits.float(), -1).tolist()
-    candidates = [list(zip(t, lp)) for t, lp in zip(tokens.tolist(), log_probs.tolist())]
-    return [(c[0][0], p, c) for c, p in zip(candidates, probabilities)]
+    return [(c[0][0], p, c) for c, p in zip(frame_candidates(ctc_logits), probabilities)]
 
 
 class StreamDecoder:
@@ -299,8 +304,7 @@ def transcribe(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> st
             decoder.push(token, frame)
         return decoder.text()
     beam = CtcBeamSearch(language_model, VOCAB, BLANK)
-    eot_unused = torch.zeros(ctc_logits.shape[1], 3)
-    for frame, (_, _, candidates) in enumerate(frame_outputs(ctc_logits[0], eot_unused)):
+    for frame, candidates in enumerate(frame_candidates(ctc_logits[0])):
         beam.push(candidates, frame)
     return " ".join(beam.best()[0])
 
