@@ -6,7 +6,8 @@
 
 The shipped file is built from the STT training corpus's training texts by
 `python -m engine.train.build_lm`; any ARPA file (e.g. KenLM's `lmplz` on your own call
-transcripts) can replace it. Words are lowercase, as `normalize_for_wer` writes them.
+transcripts) can replace it. Words are spelled as the recognizer spells them: lowercase
+letters and apostrophes, numbers as words (`engine.train.build_lm.spelled`).
 """
 
 from __future__ import annotations
