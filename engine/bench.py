@@ -1,6 +1,7 @@
 """Standard engine benchmarks (ARCHITECTURE.md), printing one JSON object.
 
-    python -m engine.bench stt --data DIR [--weights FILE] [--lm shipped|none|FILE.arpa] [--device cpu|cuda] [--limit N] --json
+    python -m engine.bench stt --data DIR [--weights FILE] [--lm shipped|none|FILE.arpa]
+        [--turns shipped|none|FILE.json.gz] [--device cpu|cuda] [--limit N] --json
 
     python -m engine.bench tts --texts FILE --out DIR [--weights FILE] [--judge] [--limit N] --json
 
@@ -18,6 +19,12 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 - eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
 - false_eot_rate: files with an EndOfTurn before their last word ended (a mid-turn pause
   taken for the end); eot_missed: files with no EndOfTurn after the last word; n: files.
+  The last word ends where the file's speech does when a NAME.json beside it gives the
+  speech spans (`{"spans": [[start, end], ...], "sample_rate": 16000}`, as
+  engine.train.eval_set writes), else where the final transcript's last word does (the
+  model's own alignment); eot_timed_by says which ("spans", "transcript" or "both").
+  Turn ends are the end-of-turn head's with the turn-completion table (--turns, default the
+  shipped engine/weights/turns.json.gz; `--turns none`: the head alone).
 
 TTS: one line of FILE per utterance; writes DIR/NNN.wav (22.05 kHz). Each line is pushed
 word by word (as a responder streams it, with no delay between words), pulling ready audio
@@ -41,7 +48,8 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import SHIPPED, LmChoice, Recognizer, SttModel, load_model as load_stt, resolve_lm
+from .stt import (SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, load_model as load_stt, resolve_lm,
+                  resolve_turns)
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
@@ -61,9 +69,20 @@ def pairs(folder: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> dict:
-    """Run one file through a fresh Recognizer; timings in seconds of audio."""
-    recognizer = Recognizer(model, lm)
+def speech_end(wav: Path) -> Optional[float]:
+    """Seconds into the file where its speech ends, from NAME.json's spans; None without one."""
+    try:
+        meta = json.loads(wav.with_suffix(".json").read_text())
+        return float(meta["spans"][-1][1]) / float(meta["sample_rate"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
+                spoken_until: Optional[float] = None) -> dict:
+    """Run one file through a fresh Recognizer; timings in seconds of audio. spoken_until:
+    where the speech ends (default: the final transcript's last word)."""
+    recognizer = Recognizer(model, lm, turns)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
@@ -82,7 +101,7 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> d
     elapsed = time.perf_counter() - started
     words = [w for f in finals for w in f.words]
     lags = [first_seen[i] - end for i, (_, _, end) in enumerate(words) if i in first_seen]
-    last_end = words[-1][2] if words else None
+    last_end = spoken_until if spoken_until is not None else words[-1][2] if words else None
     after = [t for t in eot_times if last_end is not None and t >= last_end]
     return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "lags": lags,
             "eot_latency": (after[0] - last_end) if after else None,
@@ -93,6 +112,8 @@ def bench_stt(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)  # the target is one stream on one core
     model = load_stt(Path(args.weights) if args.weights else None, args.device)
     lm = resolve_lm(None if args.lm == "none" else args.lm)
+    turns = resolve_turns(None if args.turns == "none" else args.turns)
+    timed_by = set()
     refs, hyps, lags, eot_latencies = [], [], [], []
     audio_s = elapsed = 0.0
     missed = false_eots = 0
@@ -100,7 +121,9 @@ def bench_stt(args: argparse.Namespace) -> dict:
         audio = read_wav(wav, SAMPLE_RATE)
         if not np.all(np.isfinite(audio)):
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
-        result = stream_file(model, audio, lm)
+        spoken_until = speech_end(wav)
+        timed_by.add("spans" if spoken_until is not None else "transcript")
+        result = stream_file(model, audio, lm, turns, spoken_until)
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
@@ -116,11 +139,12 @@ def bench_stt(args: argparse.Namespace) -> dict:
         return round(float(np.median(values)) * 1000, 1) if values else None
 
     return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
-            "lm": "none" if lm is None else args.lm,
+            "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
             "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
-            "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None}
+            "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None,
+            "eot_timed_by": timed_by.pop() if len(timed_by) == 1 else "both"}
 
 
 def bench_tts(args: argparse.Namespace) -> dict:
@@ -204,6 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--weights", help="a .safetensors file or training checkpoint (default: shipped)")
     stt.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     stt.add_argument("--lm", default=SHIPPED, help="word language model of the final transcripts: shipped (default), none (greedy CTC) or an ARPA file")
+    stt.add_argument("--turns", default=SHIPPED, help="turn-completion table for turn ends: shipped (default), none (the end-of-turn head alone) or a .json.gz file")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")

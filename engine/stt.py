@@ -12,10 +12,13 @@ around it, engine/runtime.py the batched one. Partials and the Final come from t
 search with the word language model (engine/beam.py, engine/lm.py), which cut held-out WER
 from 0.61 to 0.37 (MODEL_CARD.md); greedy CTC still decides when speech starts, and fills a
 partial while the beam has no word yet (the first letter is what a barge-in pauses on).
+Whether a pause ends the turn is the end-of-turn head's call together with what was said so
+far (engine/turn.py: "my number is" leaves a turn open however long the caller draws breath).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -32,6 +35,7 @@ from .beam import CtcBeamSearch
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
 from .lm import SHIPPED_LM, NgramLm, load_lm
 from .ssm import BlockState, RecurrentStack
+from .turn import SHIPPED_TURNS, TurnCompletion, load_turns
 
 VOCAB = ["<blank>", " ", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 BLANK = 0
@@ -40,8 +44,12 @@ SPEECH, PAUSE, END_OF_TURN = 0, 1, 2  # end-of-turn head classes, per 40 ms fram
 FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
 
 PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
-END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn: 0.5 ended 55-65 % of held-out
-# utterances early; 0.9 cuts that to 25-30 % at 320-540 ms median latency (MODEL_CARD.md)
+END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn when the head decides alone (turns=None)
+TURN_END_PROBABILITY = 0.98  # ... or, with the turn-completion table, P(end) from the head's log odds plus
+TURN_TEXT_WEIGHT = 1.0  # this weight times the table's log odds, clipped to +-TURN_TEXT_CLIP (so a transcript
+TURN_TEXT_CLIP = 3.0  # misheard into a "complete" one cannot end a turn the head doubts), after at least
+TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. On the held-out folders this took false ends on 0.4-0.8 s
+# mid-turn pauses from 43-60 % (head alone at 0.9) to 8-20 %, at 180-350 ms median latency (MODEL_CARD.md)
 SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
 # into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
 LIKELY_PROBABILITY = 0.8  # SpeechLikely: P(speech) this high, or any CTC token (the word boundary " "
@@ -57,16 +65,27 @@ SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
 CANDIDATES_PER_FRAME = 8  # tokens per frame the beam search considers (of 29)
 SHIPPED = "shipped"  # lm= default: the shipped language model (engine/weights/lm.arpa.gz)
 LmChoice = Union[NgramLm, None, str]
+TurnsChoice = Union[TurnCompletion, None, str]
 
 
 def resolve_lm(lm: LmChoice) -> Optional[NgramLm]:
     """An lm= argument -> the model to decode with: SHIPPED loads the shipped one (None when
     the file is absent: greedy decoding), None means greedy, a path string loads that ARPA file."""
-    if isinstance(lm, str):
-        if lm == SHIPPED:
-            return load_lm() if SHIPPED_LM.exists() else None
-        return load_lm(Path(lm))
-    return lm
+    return _resolve(lm, SHIPPED_LM, load_lm)
+
+
+def resolve_turns(turns: TurnsChoice) -> Optional[TurnCompletion]:
+    """A turns= argument -> the turn-completion table: SHIPPED (None when the file is absent),
+    None (the acoustic end-of-turn head decides alone), or a path string to load."""
+    return _resolve(turns, SHIPPED_TURNS, load_turns)
+
+
+def _resolve(choice, shipped: Path, load):
+    if isinstance(choice, str):
+        if choice == SHIPPED:
+            return load(shipped) if shipped.exists() else None
+        return load(Path(choice))
+    return choice
 
 
 @dataclass
@@ -180,10 +199,11 @@ class StreamDecoder:
     Shared by the single-stream Recognizer and the batched runtime, so both emit the same events.
     """
 
-    def __init__(self, lm: Optional[NgramLm] = None) -> None:
+    def __init__(self, lm: Optional[NgramLm] = None, turns: Optional[TurnCompletion] = None) -> None:
         self.frame = 0
         self.ctc = GreedyCtc()
         self.beam = CtcBeamSearch(lm, VOCAB, BLANK) if lm is not None else None
+        self.turns = turns
         self._last_partial = ""
         self._last_partial_frame = -PARTIAL_EVERY_FRAMES
         self._speech_frames = 0
@@ -217,15 +237,34 @@ class StreamDecoder:
             if shown != self._last_partial:
                 self._last_partial, self._last_partial_frame = shown, self.frame
                 events.append(Partial(shown))
-        if self._in_speech and text and (eot[END_OF_TURN] >= END_OF_TURN_THRESHOLD
-                                         or self._quiet_frames >= SILENT_TURN_END_FRAMES):
-            events += [self._final(), EndOfTurn(confidence=float(eot[END_OF_TURN]))]
+        end = self._end_probability(eot[END_OF_TURN], text) if self._in_speech and text else None
+        if end is not None and (end >= self._end_threshold or self._quiet_frames >= SILENT_TURN_END_FRAMES):
+            events += [self._final(), EndOfTurn(confidence=end)]
             self._close_turn()
         elif self._in_speech and not text and self._quiet_frames >= WORDLESS_END_FRAMES:
             events.append(EndOfTurn(confidence=0.0))  # a cough, a click: over, and nothing was said
             self._close_turn()
         self.frame += 1
         return events
+
+    @property
+    def _end_threshold(self) -> float:
+        return END_OF_TURN_THRESHOLD if self.turns is None else TURN_END_PROBABILITY
+
+    def _end_probability(self, acoustic: float, greedy: str) -> float:
+        """P(the turn is over) now: the end-of-turn head's, or with the turn-completion table
+        the two combined as independent evidence (sum of log odds)."""
+        if self.turns is None:
+            return float(acoustic)
+        # Below this the text cannot lift it over the threshold: skip reading the beam.
+        reachable = _log_odds(acoustic) + TURN_TEXT_WEIGHT * TURN_TEXT_CLIP >= _log_odds(TURN_END_PROBABILITY)
+        if self._quiet_frames < TURN_END_QUIET_FRAMES:
+            return 0.0
+        if not reachable:
+            return float(acoustic)
+        words = (self.beam.best()[0] if self.beam is not None else []) or greedy.split()
+        text = min(max(_log_odds(self.turns.probability(words)), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
+        return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + TURN_TEXT_WEIGHT * text)))
 
     def flush(self) -> list[SttEvent]:
         """The audio ended: finalise whatever was heard (no end-of-turn claim)."""
@@ -256,6 +295,11 @@ class StreamDecoder:
         self._speech_frames = self._quiet_frames = 0
 
 
+def _log_odds(p: float) -> float:
+    p = min(max(float(p), 1e-6), 1.0 - 1e-6)
+    return math.log(p / (1.0 - p))
+
+
 class Recognizer:
     """One caller's streaming recognition: audio in, engine events out (single-stream path).
 
@@ -264,12 +308,12 @@ class Recognizer:
     and what tests and the bench CLI use.
     """
 
-    def __init__(self, model: SttModel, lm: LmChoice = SHIPPED) -> None:
+    def __init__(self, model: SttModel, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED) -> None:
         self.model = model.eval()
         self.features = StreamingLogMel()
         self.stacker = FrameStacker()
         self.state = model.initial_state(1)
-        self.decoder = StreamDecoder(resolve_lm(lm))
+        self.decoder = StreamDecoder(resolve_lm(lm), resolve_turns(turns))
 
     @torch.no_grad()
     def push(self, pcm: np.ndarray) -> list[SttEvent]:

@@ -1,6 +1,7 @@
 """`python -m engine.bench` runs on a tiny folder / text file and reports every field."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +19,26 @@ def bench(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("lm", ["shipped", "none"])
-def test_stt_bench_reports_every_field(lm):
-    result = bench("stt", "--data", str(SPEECH), "--lm", lm)
-    assert result["benchmark"] == "stt" and result["n"] == 2 and result["lm"] == lm
+@pytest.mark.parametrize("language", ["shipped", "none"])
+def test_stt_bench_reports_every_field(language):
+    result = bench("stt", "--data", str(SPEECH), "--lm", language, "--turns", language)
+    assert result["benchmark"] == "stt" and result["n"] == 2
+    assert result["lm"] == language and result["turns"] == language
     for field in ("wer", "cer", "rtf", "partial_lag_ms_p50", "eot_latency_ms_p50", "false_eot_rate"):
         assert isinstance(result[field], float), field
     assert 0 <= result["cer"] <= 1 and result["eot_missed"] in (0, 1, 2)
+    assert result["eot_timed_by"] == "transcript", "no NAME.json: the final transcript's word times"
+
+
+def test_stt_bench_times_turn_ends_by_the_speech_spans_when_given(tmp_path):
+    for source in SPEECH.iterdir():
+        shutil.copy(source, tmp_path / source.name)
+    # Speech "ends" 20 s into a file of a few seconds: every turn end comes before it.
+    (tmp_path / "flite_slt-020.json").write_text(json.dumps({"spans": [[0, 320000]], "sample_rate": 16000}))
+    (tmp_path / "flite_slt-021.json").write_text("{not json")  # unreadable: the transcript decides
+    result = bench("stt", "--data", str(tmp_path))
+    assert result["eot_timed_by"] == "both" and result["n"] == 2
+    assert result["false_eot_rate"] >= 0.5 and result["eot_missed"] >= 1
 
 
 def test_stt_bench_rejects_a_folder_without_pairs(tmp_path):

@@ -29,7 +29,9 @@ def parrot_model() -> SttModel:
 
 
 def small_engine(max_streams: int = 4, **options) -> SpeechEngine:
-    return SpeechEngine(parrot_model(), max_streams=max_streams, device="cpu", num_threads=1, **options)
+    # turns=None: the parrot's head alone ends its turns (it never pauses, so the
+    # turn-completion rule, which waits for a quiet moment, would never get to judge).
+    return SpeechEngine(parrot_model(), max_streams=max_streams, device="cpu", num_threads=1, turns=None, **options)
 
 
 async def test_transcribe_mode_sends_the_recognizers_events(start_gateway, http):

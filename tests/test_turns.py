@@ -1,0 +1,118 @@
+"""engine.turn: the turn-completion table, and how StreamDecoder weighs it against the head."""
+
+import gzip
+
+import pytest
+
+from engine.interface import EndOfTurn, Final
+from engine.stt import BLANK, SILENT_TURN_END_FRAMES, StreamDecoder, encode_text
+from engine.turn import context, count_turns, load_turns, write_turns
+
+CALLS = [
+    "my order number is | two six oh | four four one",
+    "my order number is | one one two | nine nine eight",
+    "my order number is | five five | one two three four",
+    "that's all",
+    "that's all thanks",
+    "um | i would like to pay my bill",
+    "yes",
+]
+
+
+def table():
+    return count_turns([[stretch.split() for stretch in call.split("|")] for call in CALLS])
+
+
+def test_a_digit_run_is_one_token_and_short_turns_start_at_bos():
+    assert context("my number is two oh six".split(), 2) == ("is", "#3")
+    assert context("two oh six".split(), 3) == ("<s>", "#3")
+    assert context("yes".split(), 3) == ("<s>", "yes")
+    assert context("yes".split(), 0) == ()
+
+
+def test_counts_tell_an_open_turn_from_a_finished_one():
+    turns = table()
+    assert turns.probability("my order number is".split()) < 0.2
+    assert turns.probability("my order number is two six oh".split()) < 0.3, "three of six digits"
+    assert turns.probability("my order number is three four five six seven eight".split()) > 0.7
+    assert turns.probability("that's all".split()) > 0.6
+    assert turns.probability("um".split()) < turns.probability([]), "a filler leaves the turn open"
+    inside, end = turns.probability("um i would like to".split()), turns.probability("um i would like to pay my bill".split())
+    assert inside < turns.probability([]) < end, "a word inside speech counts as a little pause that went on"
+
+
+def test_an_unseen_context_backs_off_to_what_is_known():
+    turns = table()
+    prior = turns.probability([])
+    assert 0 < prior < 1
+    assert turns.probability("zebra".split()) == pytest.approx(prior)
+
+
+def test_the_table_survives_a_round_trip(tmp_path):
+    turns, path = table(), tmp_path / "turns.json.gz"
+    assert write_turns(turns, path) == len(turns.counts)
+    again = load_turns(path)
+    for call in CALLS:
+        words = call.replace("|", " ").split()
+        assert again.probability(words) == pytest.approx(turns.probability(words), abs=1e-6)
+
+
+def test_a_broken_table_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="bad.json.gz"):
+        load_turns(path)
+    with gzip.open(path, "wt") as f:
+        f.write('{"order": 3}')
+    with pytest.raises(ValueError, match="not a turn-completion table"):
+        load_turns(path)
+    with pytest.raises(FileNotFoundError):
+        load_turns(tmp_path / "missing.json.gz")
+
+
+def test_the_shipped_table_knows_the_contact_center():
+    turns = load_turns()
+    assert turns.probability("my order number is".split()) < 0.05
+    assert turns.probability("my phone number is two oh six five five five".split()) < 0.2, "6 of 10 digits"
+    assert turns.probability("my phone number is two oh six five five five one two three four".split()) > 0.6
+    assert turns.probability("yes".split()) > 0.3, "a bare yes is a whole answer"
+
+
+SPEECH, SURE_END = (0.9, 0.1, 0.0), (0.02, 0.02, 0.96)
+
+
+def speak_then_pause(decoder: StreamDecoder, words: str, pause_frames: int) -> list:
+    """Each letter one frame (a blank between repeats), then frames where the head is 96 %
+    sure the turn ended; returns the events of the pause."""
+    last = None
+    for token in encode_text(words):
+        if token == last:
+            decoder.on_frame(BLANK, SPEECH)
+        decoder.on_frame(token, SPEECH)
+        last = token
+    return [e for _ in range(pause_frames) for e in decoder.on_frame(BLANK, SURE_END)]
+
+
+def test_the_head_alone_ends_a_turn_at_its_threshold():
+    events = speak_then_pause(StreamDecoder(), "my order number is", 3)
+    assert [type(e) for e in events] == [Final, EndOfTurn]
+
+
+def test_an_unfinished_sentence_holds_the_turn_open_through_a_pause():
+    decoder = StreamDecoder(turns=table())
+    assert speak_then_pause(decoder, "my order number is", SILENT_TURN_END_FRAMES - 1) == []
+    assert speak_then_pause(decoder, " two six oh", SILENT_TURN_END_FRAMES - 1) == [], "3 of 6 digits"
+    events = speak_then_pause(decoder, " four four one", 8)
+    assert [type(e) for e in events] == [Final, EndOfTurn]
+    assert events[0].text == "my order number is two six oh four four one" and events[1].confidence >= 0.98
+
+
+def test_a_finished_sentence_ends_the_turn_after_a_short_quiet():
+    events = speak_then_pause(StreamDecoder(turns=table()), "that's all", 8)
+    assert [type(e) for e in events] == [Final, EndOfTurn]
+    assert events[0].text == "that's all"
+
+
+def test_long_silence_still_ends_an_unfinished_turn():
+    events = speak_then_pause(StreamDecoder(turns=table()), "um", SILENT_TURN_END_FRAMES + 2)
+    assert [type(e) for e in events] == [Final, EndOfTurn], "a caller who stopped mid-sentence is answered"
