@@ -102,8 +102,10 @@ def write_turns(model: TurnCompletion, path: Path) -> int:
     return len(rows)
 
 
+@lru_cache(maxsize=4)
 def load_turns(path: Path = SHIPPED_TURNS) -> TurnCompletion:
-    """Read a table written by write_turns (FileNotFoundError or ValueError naming the path)."""
+    """Read a table written by write_turns (cached: it is read once; FileNotFoundError or
+    ValueError naming the path)."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
