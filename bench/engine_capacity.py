@@ -263,6 +263,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--no-tts", action="store_true", help="listening only: no replies")
     parser.add_argument("--lm", default="shipped",
                         help="word LM of the transcripts: shipped (default), none (greedy) or an ARPA file")
+    parser.add_argument("--turns", default="shipped",
+                        help="turn-completion table for turn ends: shipped (default), none (the end-of-turn head alone) or a file")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-stop", action="store_true", help="run every size even after a miss")
@@ -275,7 +277,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     model, weights_source = build_model(args.weights)
     tts_model, tts_source = (None, None) if args.no_tts else build_tts_model()
     runtime = Runtime(model, tts_model=tts_model, max_streams=max(sizes), device=args.device,
-                      num_threads=args.threads, lm=None if args.lm == "none" else args.lm)
+                      num_threads=args.threads, lm=None if args.lm == "none" else args.lm,
+                      turns=None if args.turns == "none" else args.turns)
     runtime.warm_up()
     runtime.start()
     clips = load_audio(args.audio)
@@ -302,7 +305,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "max_streams": max_streams,
         "tick_budget_ms": FRAME_S * 1000, "lag_budget_ms": LAG_BUDGET_S * 1000,
         "ttfa_budget_ms": None if args.no_tts else TTFA_BUDGET_S * 1000,
-        "weights": weights_source, "tts_weights": tts_source, "lm": args.lm,
+        "weights": weights_source, "tts_weights": tts_source, "lm": args.lm, "turns": args.turns,
         "audio": args.audio or f"{SYNTH_VOICES} synthesised voices", "texts": None if args.no_tts else args.texts,
         "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_start": load_start,
                     "load_avg_1m_end": round(os.getloadavg()[0], 2),

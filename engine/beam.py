@@ -66,15 +66,17 @@ class CtcBeamSearch:
 
     def reset(self) -> None:
         self.beams: dict[Prefix, _Hypothesis] = {((), "", self.blank): _Hypothesis(blank=0.0)}
+        self._best: Optional[tuple[list[str], list[tuple[int, int]]]] = None  # best(), until the ranking changes
 
     def push(self, candidates: Sequence[tuple[int, float]], frame: int) -> None:
         """One frame's (token, log probability) pairs: the blank and the likely letters."""
         blank_lp = next((lp for token, lp in candidates if token == self.blank), NEG_INF)
         letters = [(t, lp) for t, lp in candidates if t != self.blank and lp > CANDIDATE_LOG_PROB]
         if not letters:  # a third of all frames: every hypothesis just waits through a blank
-            for hyp in self.beams.values():
+            for hyp in self.beams.values():  # (all scores move alike: best() stays what it was)
                 hyp.blank, hyp.letter = hyp.acoustic + blank_lp, NEG_INF
             return
+        self._best = None
         grown: dict[Prefix, _Hypothesis] = {}
         for prefix, hyp in self.beams.items():
             words, partial, last = prefix
@@ -102,6 +104,12 @@ class CtcBeamSearch:
 
     def best(self) -> tuple[list[str], list[tuple[int, int]]]:
         """The likeliest transcript so far, as words and each word's (first, last) frame."""
+        if self._best is None:
+            self._best = self._rank_best()
+        words, spans = self._best
+        return list(words), list(spans)
+
+    def _rank_best(self) -> tuple[list[str], list[tuple[int, int]]]:
         best_score, best = NEG_INF, ([], [])
         for (words, partial, _), hyp in self.beams.items():
             if partial:

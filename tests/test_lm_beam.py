@@ -120,3 +120,17 @@ def test_the_shipped_language_model_loads_and_knows_the_domain():
     lm = load_lm()
     assert lm.order == 3 and len(lm.vocabulary) > 5000
     assert lm.log_prob((BOS, "my", "order"), "number") > math.log(0.05)
+
+
+def test_best_is_remembered_only_while_the_ranking_cannot_change(lm):
+    frames = frames_for(sure("pay my ") + [{"p": 0.55, "b": 0.45}] + sure("ill"))
+    beam = CtcBeamSearch(lm, VOCAB, BLANK)
+    blank_only = [(BLANK, math.log(0.999)), (VOCAB.index("a"), math.log(0.0005))]  # no letter over the floor
+    for t, frame in enumerate(frames):
+        beam.push(frame, t)
+        remembered = beam.best()
+        assert remembered == beam._rank_best(), "a letter frame ranks anew"
+        beam.push(blank_only, t)
+        assert beam.best() == remembered == beam._rank_best(), "a blank moves every hypothesis alike"
+    beam.best()[0].append("mutated")
+    assert beam.best()[0] == ["pay", "my", "bill"], "callers get copies"
