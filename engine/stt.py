@@ -263,7 +263,8 @@ class StreamDecoder:
             return 0.0
         if not reachable:
             return float(acoustic)
-        words = (self.beam.best()[0] if self.beam is not None else []) or greedy.split()
+        # With the beam, the latest partial (its best, refreshed every other frame) spares a ranking.
+        words = (greedy if self.beam is None else self._last_partial or greedy).split()
         text = min(max(_log_odds(self.turns.probability(words)), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
         return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + TURN_TEXT_WEIGHT * text)))
 
