@@ -257,12 +257,8 @@ class StreamDecoder:
         the two combined as independent evidence (sum of log odds)."""
         if self.turns is None:
             return float(acoustic)
-        # Below this the text cannot lift it over the threshold: skip reading the beam.
-        reachable = _log_odds(acoustic) + TURN_TEXT_WEIGHT * TURN_TEXT_CLIP >= _log_odds(TURN_END_PROBABILITY)
         if self._quiet_frames < TURN_END_QUIET_FRAMES:
             return 0.0
-        if not reachable:
-            return float(acoustic)
         # With the beam, the latest partial (its best, refreshed every other frame) spares a ranking.
         words = (greedy if self.beam is None else self._last_partial or greedy).split()
         text = min(max(_log_odds(self.turns.probability(words)), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
