@@ -58,14 +58,14 @@ class TurnCompletion:
 
     def probability(self, words: Sequence[str]) -> float:
         """P(end of turn) after these words (the turn's words so far, oldest first)."""
-        return self._cached(tuple(words[-(MAX_DIGIT_RUN + self.order):]))
+        return self._cached(tuple(context(words, n) for n in range(1, self.order + 1)))
 
-    def _probability(self, words: Context) -> float:
+    def _probability(self, contexts: tuple[Context, ...]) -> float:
+        """Backing off from the longest of the contexts (shortest first) to none."""
         pauses, ends = self.counts.get((), (0, 0))
         p = (ends + 1) / (pauses + ends + 2)
         shorter: Context = ()
-        for n in range(1, self.order + 1):
-            longer = context(words, n)
+        for longer in contexts:
             seen = self.counts.get(longer)
             if seen is None or longer == shorter:  # unseen, or the whole turn already
                 break

@@ -116,3 +116,13 @@ def test_a_finished_sentence_ends_the_turn_after_a_short_quiet():
 def test_long_silence_still_ends_an_unfinished_turn():
     events = speak_then_pause(StreamDecoder(turns=table()), "um", SILENT_TURN_END_FRAMES + 2)
     assert [type(e) for e in events] == [Final, EndOfTurn], "a caller who stopped mid-sentence is answered"
+
+
+def test_a_long_turn_is_judged_by_its_end_not_as_a_short_one():
+    digits = ["four"] * 16
+    said = "my card number is".split() + digits
+    assert context(said, 3) == ("number", "is", "#12"), "no sentence start inside a long turn"
+    # A bare string of digits is a whole answer; after "my card number is" the caller goes on.
+    turns = count_turns([[digits]] * 5 + [[said, ["thanks"]]] * 5)
+    assert turns.probability(digits) > 0.7
+    assert turns.probability(said) < 0.3
