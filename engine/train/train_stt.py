@@ -57,6 +57,7 @@ grad_clip = 1.0
 eot_weight = 0.5  # end-of-turn cross-entropy relative to CTC
 eot_class_weights = (1.0, 1.0, 3.0)  # speech, pause, end: turn ends are the rare class
 call_context_share = 0.0  # examples heard as a call's later turn, after an earlier one and a reply (stt_data)
+non_speech_share = 0.05  # examples of line noise and tones alone, empty transcript (stt_data.NON_SPEECH_SHARE)
 # bookkeeping
 log_every = 10
 checkpoint_every = 100
@@ -246,7 +247,8 @@ def main(argv: list[str]) -> None:
         log(out, {"event": "start", "parameters": params, "device": str(dev), "settings": cfg})
 
     dataset = SttDataset(cfg["shard_dirs"].split(","), real=[d for d in cfg["real_dirs"].split(",") if d],
-                         seed=cfg["seed"] + step, call_context_share=cfg["call_context_share"])
+                         seed=cfg["seed"] + step, call_context_share=cfg["call_context_share"],
+                         non_speech_share=cfg["non_speech_share"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg["data_workers"],
                                          collate_fn=keep_numpy)
     started, audio_seconds = time.time(), 0.0
