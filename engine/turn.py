@@ -36,9 +36,9 @@ INSIDE_WEIGHT = 0.02  # a word inside a stretch of speech, as a pause that went 
 Context = tuple[str, ...]
 
 
-def context(words: Sequence[str], n: int) -> Context:
-    """The last n tokens of "<s> words", a trailing run of digit words collapsed into "#<length>"
-    (fewer when the turn is shorter)."""
+def contexts(words: Sequence[str], order: int = ORDER) -> list[Context]:
+    """The last 0, 1, ... order tokens of "<s> words", a trailing run of digit words collapsed
+    into "#<length>" (the longer ones repeat the whole turn when it is shorter)."""
     tokens = [BOS] + list(words)
     run = 0
     while tokens[-1] in DIGIT_WORDS:
@@ -46,7 +46,12 @@ def context(words: Sequence[str], n: int) -> Context:
         run += 1
     if run:
         tokens.append(f"#{min(run, MAX_DIGIT_RUN)}")
-    return tuple(tokens[max(0, len(tokens) - n):]) if n else ()
+    return [tuple(tokens[max(0, len(tokens) - n):]) if n else () for n in range(order + 1)]
+
+
+def context(words: Sequence[str], n: int) -> Context:
+    """The last n tokens of "<s> words" (see contexts)."""
+    return contexts(words, n)[n]
 
 
 class TurnCompletion:
@@ -58,7 +63,7 @@ class TurnCompletion:
 
     def probability(self, words: Sequence[str]) -> float:
         """P(end of turn) after these words (the turn's words so far, oldest first)."""
-        return self._cached(tuple(context(words, n) for n in range(1, self.order + 1)))
+        return self._cached(tuple(contexts(words, self.order)[1:]))
 
     def _probability(self, contexts: tuple[Context, ...]) -> float:
         """Backing off from the longest of the contexts (shortest first) to none."""
@@ -89,7 +94,7 @@ def count_turns(turns: Iterable[Sequence[Sequence[str]]], order: int = ORDER) ->
                 boundary = j == len(stretch) - 1
                 weight = 1.0 if boundary else INSIDE_WEIGHT
                 ended = boundary and i == len(stretches) - 1
-                for key in {context(words, n) for n in range(order + 1)}:
+                for key in set(contexts(words, order)):
                     counts[key][ended] += weight
     return TurnCompletion({k: (round(v[0], 3), round(v[1], 3)) for k, v in counts.items()}, order)
 
