@@ -116,7 +116,7 @@ def load_turns(path: Path = SHIPPED_TURNS) -> TurnCompletion:
             data = json.load(f)
         counts = {tuple(k.split()): (float(p), float(e)) for k, p, e in data["contexts"]}
         return TurnCompletion(counts, int(data["order"]))
+    except FileNotFoundError:
+        raise
     except (OSError, EOFError, KeyError, TypeError, ValueError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
         raise ValueError(f"{path}: not a turn-completion table ({error})") from error
