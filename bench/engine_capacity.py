@@ -63,7 +63,7 @@ import torch  # noqa: E402
 from engine import tts  # noqa: E402
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE  # noqa: E402
 from engine.runtime import Runtime, RuntimeSttStream, RuntimeTtsStream  # noqa: E402
-from engine.stt import FRAME_S, SHIPPED_WEIGHTS, SttConfig, SttModel, load_model  # noqa: E402
+from engine.stt import FRAME_S, PRECISIONS, SHIPPED_WEIGHTS, SttConfig, SttModel, load_model  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
 
 PUSH_S = 0.02  # 20 ms pieces, the gateway's playout clock
@@ -266,6 +266,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--turns", default="shipped",
                         help="turn-completion table for turn ends: shipped (default), none (the end-of-turn head alone) or a file")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
+                        help="how the STT model steps: auto (int8 on CPU), float or int8")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-stop", action="store_true", help="run every size even after a miss")
     parser.add_argument("--note", help="free text stored in the JSON (e.g. what else the machine ran)")
@@ -278,7 +280,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tts_model, tts_source = (None, None) if args.no_tts else build_tts_model()
     runtime = Runtime(model, tts_model=tts_model, max_streams=max(sizes), device=args.device,
                       num_threads=args.threads, lm=None if args.lm == "none" else args.lm,
-                      turns=None if args.turns == "none" else args.turns)
+                      turns=None if args.turns == "none" else args.turns, precision=args.precision)
     runtime.warm_up()
     runtime.start()
     clips = load_audio(args.audio)
@@ -305,7 +307,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "max_streams": max_streams,
         "tick_budget_ms": FRAME_S * 1000, "lag_budget_ms": LAG_BUDGET_S * 1000,
         "ttfa_budget_ms": None if args.no_tts else TTFA_BUDGET_S * 1000,
-        "weights": weights_source, "tts_weights": tts_source, "lm": args.lm, "turns": args.turns,
+        "weights": weights_source, "tts_weights": tts_source, "lm": args.lm, "turns": args.turns, "precision": args.precision,
         "audio": args.audio or f"{SYNTH_VOICES} synthesised voices", "texts": None if args.no_tts else args.texts,
         "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_start": load_start,
                     "load_avg_1m_end": round(os.getloadavg()[0], 2),

@@ -1,7 +1,7 @@
 """Standard engine benchmarks (ARCHITECTURE.md), printing one JSON object.
 
     python -m engine.bench stt --data DIR [--weights FILE] [--lm shipped|none|FILE.arpa]
-        [--turns shipped|none|FILE.json.gz] [--device cpu|cuda] [--limit N] --json
+        [--turns shipped|none|FILE.json.gz] [--precision auto|float|int8] [--device cpu|cuda] [--limit N] --json
 
     python -m engine.bench tts --texts FILE --out DIR [--weights FILE] [--judge] [--limit N] --json
 
@@ -13,7 +13,10 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
   language model; `--lm none` is greedy CTC, the acoustic model alone) against the reference, both sides through the same scoring normaliser
   (textnorm.normalize_for_wer: case, punctuation, fillers, each run of number words as
   one digit string, so "four one two", "four hundred twelve" and "412" agree);
-- rtf: processing time / audio time for the streaming path, one stream;
+- rtf: processing time / audio time for the streaming path, one stream on one thread
+  (rtf_cpu: process CPU time / audio time, fairer on a shared machine); --precision picks
+  how the model steps (engine.stt.streaming_model: int8 matrices on CPU by default, `float`
+  the exact model), reported as the stepping class;
 - partial_lag_ms_p50: for each word of the final transcript, audio time at which it first
   appeared in a partial minus the word's end time (from the model's own CTC alignment);
 - eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
@@ -48,8 +51,8 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import (SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, load_model as load_stt, resolve_lm,
-                  resolve_turns)
+from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, load_model as load_stt, resolve_lm,
+                  resolve_precision, resolve_turns)
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
@@ -79,14 +82,14 @@ def speech_end(wav: Path) -> Optional[float]:
 
 
 def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
-                spoken_until: Optional[float] = None) -> dict:
+                spoken_until: Optional[float] = None, precision: str = "auto") -> dict:
     """Run one file through a fresh Recognizer; timings in seconds of audio. spoken_until:
     where the speech ends (default: the final transcript's last word)."""
-    recognizer = Recognizer(model, lm, turns)
+    recognizer = Recognizer(model, lm, turns, precision)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for start in range(0, len(padded), PUSH_SAMPLES):
         now = (start + PUSH_SAMPLES) / SAMPLE_RATE
         for event in recognizer.push(padded[start:start + PUSH_SAMPLES]):
@@ -98,12 +101,12 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
             elif isinstance(event, EndOfTurn):
                 eot_times.append(now)
     finals += [e for e in recognizer.flush() if isinstance(e, Final)]
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     words = [w for f in finals for w in f.words]
     lags = [first_seen[i] - end for i, (_, _, end) in enumerate(words) if i in first_seen]
     last_end = spoken_until if spoken_until is not None else words[-1][2] if words else None
     after = [t for t in eot_times if last_end is not None and t >= last_end]
-    return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "lags": lags,
+    return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "cpu": cpu, "lags": lags,
             "eot_latency": (after[0] - last_end) if after else None,
             "false_eot": last_end is not None and any(t < last_end for t in eot_times)}
 
@@ -115,7 +118,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
     turns = resolve_turns(None if args.turns == "none" else args.turns)
     timed_by = set()
     refs, hyps, lags, eot_latencies = [], [], [], []
-    audio_s = elapsed = 0.0
+    audio_s = elapsed = cpu = 0.0
     missed = false_eots = 0
     for wav, text in pairs(Path(args.data))[: args.limit or None]:
         audio = read_wav(wav, SAMPLE_RATE)
@@ -123,7 +126,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
         spoken_until = speech_end(wav)
         timed_by.add("spans" if spoken_until is not None else "transcript")
-        result = stream_file(model, audio, lm, turns, spoken_until)
+        result = stream_file(model, audio, lm, turns, spoken_until, args.precision)
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
@@ -134,14 +137,17 @@ def bench_stt(args: argparse.Namespace) -> dict:
             eot_latencies.append(result["eot_latency"])
         audio_s += len(audio) / SAMPLE_RATE + TRAILING_SILENCE_S
         elapsed += result["elapsed"]
+        cpu += result["cpu"]
 
     def p50_ms(values: list[float]) -> Optional[float]:
         return round(float(np.median(values)) * 1000, 1) if values else None
 
     return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
             "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
+            "precision": resolve_precision(model, args.precision),
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
+            "rtf_cpu": round(cpu / audio_s, 4) if audio_s else None,
             "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
             "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None,
             "eot_timed_by": timed_by.pop() if len(timed_by) == 1 else "both"}
@@ -229,6 +235,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     stt.add_argument("--lm", default=SHIPPED, help="word language model of the final transcripts: shipped (default), none (greedy CTC) or an ARPA file")
     stt.add_argument("--turns", default=SHIPPED, help="turn-completion table for turn ends: shipped (default), none (the end-of-turn head alone) or a .json.gz file")
+    stt.add_argument("--precision", default="auto", choices=PRECISIONS, help="how the model steps: auto (int8 on CPU), float (the exact model) or int8")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")

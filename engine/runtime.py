@@ -48,7 +48,7 @@ from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, Fr
 from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, frame_outputs, load_model,
-                  resolve_lm, resolve_turns)
+                  resolve_lm, resolve_turns, streaming_model)
 from .text import MAX_PENDING_CHARS
 from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
@@ -362,9 +362,10 @@ class SttStepper(SlotTable):
 
     def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
                  max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None,
-                 lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED) -> None:
+                 lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED, precision: str = "auto") -> None:
         super().__init__(max_streams)
         self.model, self.device, self.dtype = model, device, dtype
+        self.stepper = streaming_model(model, precision)  # the model, or its int8 form on CPU
         self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
         self.turns = resolve_turns(turns)  # what was said weighs on turn ends (None: the acoustic head alone)
         self.frame_ready = frame_ready  # a stream's audio completed a model frame (any thread)
@@ -379,7 +380,7 @@ class SttStepper(SlotTable):
         """One throwaway batched step (kernels, allocator) that touches no slot."""
         rows = min(WARM_UP_ROWS, self.max_streams)
         x = torch.zeros(rows, FRAMES_PER_STEP * N_MELS, device=self.device, dtype=self.dtype)
-        self.model.step(x, self.model.initial_state(rows, self.device))
+        self.stepper.step(x, self.stepper.initial_state(rows, self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -402,7 +403,7 @@ class SttStepper(SlotTable):
     def forward(self, slots: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """One batched model step for the streams in `slots`: gather, step, scatter -> logits."""
         state = self.pool.gather(slots)
-        ctc_logits, eot_logits, state = self.model.step(x, state)
+        ctc_logits, eot_logits, state = self.stepper.step(x, state)
         self.pool.scatter(slots, state)
         return ctc_logits, eot_logits
 
@@ -836,13 +837,14 @@ class Runtime:
                  device: str = "auto", dtype: Optional[torch.dtype] = None, tick_s: float = FRAME_S,
                  num_threads: Optional[int] = None, max_frames_per_tick: int = MAX_FRAMES_PER_TICK,
                  admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S, lm: LmChoice = SHIPPED,
-                 turns: TurnsChoice = SHIPPED) -> None:
+                 turns: TurnsChoice = SHIPPED, precision: str = "auto") -> None:
         """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
         num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
         period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
         run ahead of real time (tests that drive tick() by hand lift it); lm is the language model
         of the final transcripts (the shipped one; None decodes greedily), turns the
-        turn-completion table that weighs on turn ends (the shipped one; None: the acoustic head alone)."""
+        turn-completion table that weighs on turn ends (the shipped one; None: the acoustic head alone),
+        precision how the STT model steps (engine.stt.streaming_model: int8 matrices on CPU by default)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -850,7 +852,7 @@ class Runtime:
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
         self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready,
-                               lm, turns)
+                               lm, turns, precision)
         self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
                     if tts_model is not None else None)
         self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])

@@ -19,12 +19,13 @@ def bench(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("language", ["shipped", "none"])
-def test_stt_bench_reports_every_field(language):
-    result = bench("stt", "--data", str(SPEECH), "--lm", language, "--turns", language)
+@pytest.mark.parametrize("language, precision", [("shipped", "auto"), ("none", "float")])
+def test_stt_bench_reports_every_field(language, precision):
+    result = bench("stt", "--data", str(SPEECH), "--lm", language, "--turns", language, "--precision", precision)
     assert result["benchmark"] == "stt" and result["n"] == 2
     assert result["lm"] == language and result["turns"] == language
-    for field in ("wer", "cer", "rtf", "partial_lag_ms_p50", "eot_latency_ms_p50", "false_eot_rate"):
+    assert result["precision"] in (("int8", "float") if precision == "auto" else (precision,))
+    for field in ("wer", "cer", "rtf", "rtf_cpu", "partial_lag_ms_p50", "eot_latency_ms_p50", "false_eot_rate"):
         assert isinstance(result[field], float), field
     assert 0 <= result["cer"] <= 1 and result["eot_missed"] in (0, 1, 2)
     assert result["eot_timed_by"] == "transcript", "no NAME.json: the final transcript's word times"
@@ -55,3 +56,13 @@ def test_tts_bench_reports_every_field(tmp_path):
     for field in ("ttfa_ms_p50", "ttfa_ms_p95", "rtf", "rtf_cpu", "audio_s"):
         assert result[field] > 0, field
     assert len(list((tmp_path / "out").glob("*.wav"))) == 2
+
+
+def test_stt_step_bench_times_both_forms_side_by_side():
+    done = subprocess.run([sys.executable, "-m", "bench.stt_step", "--steps", "5", "--batches", "1,3", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [row["batch"] for row in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["float_step_ms_p50"] > 0 and row["int8_step_ms_p50"] > 0 and row["float_over_int8_p50"] > 0

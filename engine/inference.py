@@ -1,0 +1,120 @@
+"""A step-only form of a trained RecurrentStack for fast CPU streaming: int8 weights, fused projections.
+
+One stream on a CPU steps the model one 40 ms frame at a time, so every layer is a
+matrix-vector product and its time goes to reading the weights, not to arithmetic: the STT
+model's 17.6 MB of fp32 matrices per frame took 2.3 of its 3.2 ms on a loaded 2-core VM.
+`FrozenStack` keeps the same math and the same state layout as `RecurrentBlock.step`, with
+
+- every matrix as int8 with one scale per output row (symmetric), multiplied with bf16
+  activations by torch's `_weight_int8pack_mm` (the AVX-512 kernel behind its int8 weight-only
+  inference): 4x fewer bytes. Activations, the recurrence and its state stay fp32 between
+  matrices, so only the products are rounded;
+- projections that read the same input as one matrix (the block's gate and input branches,
+  the RG-LRU's two gates) and RMSNorm gains folded into the matrix after them: fewer ops;
+- with int8, GELU by its tanh form (within 3e-4 of erf's, far below the bf16 rounding of the
+  products; 1.6 instead of 6 us a call, 13 calls a frame).
+
+With `int8=False` the matrices stay fp32 and the output equals `RecurrentStack.step` to
+float rounding (tests/test_inference.py); that is how the fusion is checked. A frozen stack
+has no parameters and no training mode: freeze again after the weights change.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .ssm import GATE_SCALE, BlockState, RecurrentBlock, RecurrentStack
+
+
+def int8_supported() -> bool:
+    """Whether this torch build has the int8 weight-only matmul (any CPU build since 2.3)."""
+    return hasattr(torch, "_weight_int8pack_mm")
+
+
+def gelu_for(int8: bool):
+    """Exact GELU for the fp32 form; the tanh form where int8 products set the precision anyway."""
+    return functools.partial(F.gelu, approximate="tanh" if int8 else "none")
+
+
+class PackedLinear:
+    """y = x W^T + b for inference only: W fp32, or int8 with a bf16 scale per output row."""
+
+    def __init__(self, weight: Tensor, bias: Tensor, int8: bool) -> None:
+        weight, self.bias = weight.detach().float(), bias.detach().float()
+        self.int8 = int8
+        if int8:
+            scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            self.weight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.scale = scale.to(torch.bfloat16)
+        else:
+            self.weight, self.scale = weight.contiguous(), None
+
+    @classmethod
+    def concat(cls, layers: list[nn.Linear], int8: bool, input_gain: Tensor | None = None) -> "PackedLinear":
+        """Layers that read the same input as one matrix; input_gain (an RMSNorm's weight) folded in."""
+        weight = torch.cat([layer.weight.detach().float() for layer in layers])
+        if input_gain is not None:
+            weight = weight * input_gain.detach().float()
+        return cls(weight, torch.cat([layer.bias.detach().float() for layer in layers]), int8)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if not self.int8:
+            return F.linear(x, self.weight, self.bias)
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float() + self.bias
+
+
+class FrozenBlock:
+    """RecurrentBlock.step with packed matrices (see the module docstring)."""
+
+    def __init__(self, block: RecurrentBlock, int8: bool) -> None:
+        self.expanded, self.eps = block.expanded, block.norm.eps
+        self.gelu = gelu_for(int8)
+        self.branches = PackedLinear.concat([block.gate_branch, block.input_branch], int8, block.norm.weight)
+        self.conv_taps = block.conv.weight.detach().float().T.contiguous()  # [kernel, expanded]
+        self.conv_bias = block.conv.bias.detach().float()
+        rglru = block.rglru
+        self.gates = PackedLinear.concat([rglru.input_gate, rglru.recurrence_gate], int8)
+        self.log_decay_rate = -GATE_SCALE * F.softplus(rglru.decay_param.detach().float())
+        self.out = PackedLinear.concat([block.out], int8)
+        self.mlp_in = PackedLinear.concat([block.mlp_in], int8, block.mlp_norm.weight)
+        self.mlp_out = PackedLinear.concat([block.mlp_out], int8)
+
+    def step(self, x: Tensor, state: BlockState) -> tuple[Tensor, BlockState]:
+        """x [B, width] fp32 one frame -> (y [B, width], new state)."""
+        width = self.expanded
+        branches = self.branches(F.rms_norm(x, (x.shape[-1],), eps=self.eps))
+        gate = self.gelu(branches[:, :width])
+        window = torch.cat([state.conv.float(), branches[:, None, width:]], dim=1)  # [B, kernel, expanded]
+        conv_out = (window * self.conv_taps).sum(1) + self.conv_bias
+        gates = torch.sigmoid(self.gates(conv_out))
+        decay = torch.exp(self.log_decay_rate * gates[:, width:])
+        gated_input = torch.sqrt(torch.clamp(1 - decay * decay, min=1e-12)) * gates[:, :width] * conv_out
+        h = torch.addcmul(gated_input, decay, state.h.float())
+        x = x + self.out(gate * h)
+        gate_and_value = self.mlp_in(F.rms_norm(x, (x.shape[-1],), eps=self.eps))
+        half = gate_and_value.shape[-1] // 2
+        x = x + self.mlp_out(self.gelu(gate_and_value[:, :half]) * gate_and_value[:, half:])
+        return x, BlockState(window[:, 1:], h)
+
+
+class FrozenStack:
+    """RecurrentStack.step, block by block, then the final RMSNorm without its gain: callers
+    fold `final_gain` into whatever matrix reads the output."""
+
+    def __init__(self, stack: RecurrentStack, int8: bool) -> None:
+        self.blocks = [FrozenBlock(block, int8) for block in stack.blocks]
+        self.final_gain, self.eps = stack.final_norm.weight.detach().float(), stack.final_norm.eps
+
+    def initial_state(self, batch: int, device=None) -> list[BlockState]:
+        return [BlockState.zeros(batch, block.expanded, device) for block in self.blocks]
+
+    def step(self, x: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState]]:
+        new_state = []
+        for block, block_state in zip(self.blocks, state):
+            x, block_state = block.step(x, block_state)
+            new_state.append(block_state)
+        return F.rms_norm(x, (x.shape[-1],), eps=self.eps), new_state

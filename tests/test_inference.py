@@ -1,0 +1,76 @@
+"""The step-only frozen form (engine/inference.py): the same math and state as RecurrentStack.step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.inference import FrozenStack, PackedLinear, int8_supported
+from engine.ssm import RecurrentStack
+from engine.stt import FrozenSttModel, SttConfig, SttModel, streaming_model
+
+needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this torch build has no int8 weight-only matmul")
+
+
+def trained_looking(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random weights, with norm gains and conv taps away from their initial values, so a
+    gain folded into the wrong matrix shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if name.endswith(("norm.weight", "conv.weight", "conv.bias")):
+                parameter.uniform_(0.5, 1.5) if name.endswith("norm.weight") else parameter.normal_(0, 0.5)
+    return module.eval()
+
+
+@pytest.mark.parametrize("width, depth, expand, mlp_ratio", [(48, 2, 1, 2), (32, 3, 2, 3)])
+@torch.no_grad()
+def test_frozen_fp32_stack_steps_like_the_stack(width, depth, expand, mlp_ratio):
+    stack = trained_looking(RecurrentStack(width, depth, expand, mlp_ratio), seed=width)
+    frozen = FrozenStack(stack, int8=False)
+    state, frozen_state = stack.initial_state(3), frozen.initial_state(3)
+    for _ in range(20):
+        x = torch.randn(3, width) * 2
+        y, state = stack.step(x, state)
+        z, frozen_state = frozen.step(x, frozen_state)
+        torch.testing.assert_close(z * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
+        for ours, theirs in zip(frozen_state, state):
+            torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_frozen_fp32_stt_model_steps_like_the_model():
+    model = trained_looking(SttModel(SttConfig(width=48, depth=2)), seed=1)
+    frozen = FrozenSttModel(model, int8=False)
+    state, frozen_state = model.initial_state(2), frozen.initial_state(2)
+    for _ in range(20):
+        x = torch.randn(2, 320)
+        ctc, eot, state = model.step(x, state)
+        frozen_ctc, frozen_eot, frozen_state = frozen.step(x, frozen_state)
+        torch.testing.assert_close(frozen_ctc, ctc, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(frozen_eot, eot, atol=1e-5, rtol=1e-5)
+
+
+@needs_int8
+@torch.no_grad()
+def test_int8_products_are_close_and_rows_are_independent():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 96)
+    packed = PackedLinear(layer.weight, layer.bias, int8=True)
+    assert packed.weight.dtype == torch.int8 and packed.weight.shape == (96, 256)
+    x = torch.randn(5, 256)
+    exact = layer(x)
+    assert ((packed(x) - exact).abs().max() / exact.abs().max()) < 0.02
+    x[2] = 1e4  # one loud row changes nothing in the others
+    torch.testing.assert_close(packed(x)[[0, 1, 3, 4]], packed(x[[0, 1, 3, 4]]), atol=0.05, rtol=0.01)
+
+
+def test_precision_choice():
+    model = SttModel(SttConfig(width=32, depth=1))
+    assert streaming_model(model, "float") is model
+    assert isinstance(streaming_model(model, "auto"), FrozenSttModel) == int8_supported()
+    with pytest.raises(ValueError, match="precision must be one of"):
+        streaming_model(model, "fp8")
+    half = SttModel(SttConfig(width=32, depth=1)).to(torch.bfloat16)
+    assert streaming_model(half, "auto") is half  # asked for bf16: steps in bf16
