@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import weights
+from engine import runtime as runtime_module, weights
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
@@ -155,6 +155,20 @@ def test_int8_batched_steps_stay_close_to_independent_ones():
     for (got, _), (expected_logits, _) in zip(*batched_and_independent(SHIPPED, "int8")):
         assert got.shape == expected_logits.shape
         assert (got - expected_logits).abs().max() < 0.1
+
+
+def test_large_batches_step_the_float_model(monkeypatch):
+    """Where int8 stops paying (INT8_MAX_ROWS rows) the runtime steps the exact model."""
+    monkeypatch.setattr(runtime_module, "INT8_MAX_ROWS", 1)
+    model = small_model()
+    runtime = Runtime(model, max_streams=1, device="cpu", precision="int8")
+    logits = record_logits(runtime)
+    stream, audio = runtime.open_stt("caller"), speechy(1.0, seed=30)
+    stream.push(audio)
+    stream.flush()
+    drain(runtime)
+    _, expected_logits = reference(model, audio, precision="float")
+    assert torch.allclose(torch.stack(logits[stream.slot]), expected_logits, atol=1e-4)
 
 
 def test_reused_slot_starts_clean():

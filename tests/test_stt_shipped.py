@@ -15,7 +15,7 @@ import torch
 
 from engine import weights
 from engine.audio import log_mel, stack_frames, to_float
-from engine.interface import EndOfTurn, Final, Partial, SpeechStart
+from engine.interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart
 from engine.stt import SHIPPED_WEIGHTS, FrozenSttModel, Recognizer, load_model, transcribe
 from engine.train.textnorm import normalize_for_wer
 from engine.wavfile import read_wav
@@ -89,7 +89,8 @@ def test_events_on_real_speech_are_well_formed(model):
     for audio, _ in fixtures():
         events = stream(model, audio, trailing_s=1.5)
         kinds = [type(e) for e in events]
-        assert kinds[0] is SpeechStart, kinds
+        assert [k for k in kinds if k is not SpeechLikely][0] is SpeechStart, kinds  # (an early sign may come first)
+        assert kinds.count(SpeechLikely) <= kinds.count(SpeechStart)
         finals = [e for e in events if isinstance(e, Final)]
         assert finals and all(e.text for e in finals)
         for final in finals:
