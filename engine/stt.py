@@ -67,8 +67,8 @@ SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
 CANDIDATES_PER_FRAME = 8  # tokens per frame the beam search considers (of 29)
 SHIPPED = "shipped"  # lm= default: the shipped language model (engine/weights/lm.arpa.gz)
 LmChoice = Union[NgramLm, None, str]
-PRECISIONS = ("auto", "float", "int8")  # how streams step the model: see streaming_model()
 TurnsChoice = Union[TurnCompletion, None, str]
+PRECISIONS = ("auto", "float", "int8")  # how streams step the model: see resolve_precision()
 
 
 def resolve_lm(lm: LmChoice) -> Optional[NgramLm]:
@@ -133,8 +133,8 @@ class SttModel(nn.Module):
 class FrozenSttModel:
     """SttModel.step with int8 matrices and fused projections (engine/inference.py), same state.
 
-    About 3x faster for one stream on CPU (1.1 vs 3.2 ms per 40 ms frame, bench/stt_precision.py);
-    held-out WER with the LM moved by less than 0.01 per folder (MODEL_CARD.md)."""
+    About 3x faster for one stream on CPU (1.1 vs 3.2 ms per 40 ms frame, bench/stt_step.py);
+    held-out WER with the LM moved by at most 0.012 per folder (MODEL_CARD.md)."""
 
     def __init__(self, model: SttModel, int8: bool = True) -> None:
         self.config, self.gelu = model.config, gelu_for(int8)
