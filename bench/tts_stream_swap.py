@@ -39,10 +39,11 @@ APERIODICITY = slice(2 + vocoder.N_BANDS, None)
 STRETCH = 1.1
 
 
-def predict(model: TtsModel, ids: np.ndarray, durations: np.ndarray) -> np.ndarray:
+def predict(model: TtsModel, ids: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the model's own frames per id, its features on the given durations)."""
     with torch.no_grad():
-        _, outputs = model(torch.from_numpy(ids)[None], torch.from_numpy(durations)[None])
-        return model.denormalise(outputs)[0].numpy()
+        log_durations, outputs = model(torch.from_numpy(ids)[None], torch.from_numpy(durations)[None])
+        return round_durations(log_durations[0]).numpy(), model.denormalise(outputs)[0].numpy()
 
 
 def swapped(student: np.ndarray, teacher: np.ndarray) -> dict[str, np.ndarray]:
@@ -70,15 +71,13 @@ def main() -> None:
     for line in lines[: args.limit]:
         audio, ids, durations = teacher_utterance(teacher_voice, frontend.normalize_text(line))
         teacher = analyse(audio[: len(audio) // vocoder.HOP * vocoder.HOP])
-        student = predict(model, ids, durations)
+        own, student = predict(model, ids, durations)
         frames = min(len(student), len(teacher))
         systems = swapped(student[:frames].copy(), teacher[:frames])
-        with torch.no_grad():
-            own = round_durations(model(torch.from_numpy(ids)[None], torch.from_numpy(durations)[None])[0][0]).numpy()
         frame_ratios.append(own.sum() / max(1, durations.sum()))
-        systems["own_durations"] = predict(model, ids, own)
+        systems["own_durations"] = predict(model, ids, own)[1]
         stretched = np.maximum(np.round(own * STRETCH), own > 0).astype(np.int64)
-        systems["own_durations_x1.1"] = predict(model, ids, stretched)
+        systems["own_durations_x1.1"] = predict(model, ids, stretched)[1]
         refs.append(normalize_for_wer(line))
         for name, features in systems.items():
             heard = judge(torch_hn(features.astype(np.float32)), vocoder.SAMPLE_RATE)
