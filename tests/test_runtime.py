@@ -113,7 +113,7 @@ def assert_same_events(got: list, expected: list) -> None:
 
 def batched_and_independent(turns, precision: str) -> tuple[list, list]:
     """Four streams of different lengths and chunkings through one runtime, and each through
-    its own Recognizer: [(batched logits, events)], [(independent logits, events)]."""
+    its own Recognizer: [(batched events, logits)], [(independent events, logits)]."""
     model = small_model()
     runtime = Runtime(model, max_streams=4, device="cpu", turns=turns, precision=precision)
     logits = record_logits(runtime)
@@ -132,14 +132,14 @@ def batched_and_independent(turns, precision: str) -> tuple[list, list]:
     drain(runtime)
 
     assert runtime.stats().mean_batch > 1
-    batched = [(torch.stack(logits[stream.slot]), stream.poll()) for stream in streams]
-    return batched, [reference(model, audio, turns=turns, precision=precision)[::-1] for audio in audios]
+    batched = [(stream.poll(), torch.stack(logits[stream.slot])) for stream in streams]
+    return batched, [reference(model, audio, turns=turns, precision=precision) for audio in audios]
 
 
 @pytest.mark.parametrize("turns", [SHIPPED, None])  # None: the small model's own head ends turns
 def test_batched_equals_independent_recognizers(turns):
     all_events = []
-    for (got, events), (expected_logits, expected_events) in zip(*batched_and_independent(turns, "float")):
+    for (events, got), (expected_events, expected_logits) in zip(*batched_and_independent(turns, "float")):
         assert got.shape == expected_logits.shape
         assert torch.allclose(got, expected_logits, atol=1e-4)
         assert_same_events(events, expected_events)
@@ -152,7 +152,7 @@ def test_int8_batched_steps_stay_close_to_independent_ones():
     """int8 products round their output to bf16, and the kernel's summation order depends on
     the batch size, so logits agree to a bf16 step or so, not bit for bit; another stream's
     audio leaking into a row would be off by whole units."""
-    for (got, _), (expected_logits, _) in zip(*batched_and_independent(SHIPPED, "int8")):
+    for (_, got), (_, expected_logits) in zip(*batched_and_independent(SHIPPED, "int8")):
         assert got.shape == expected_logits.shape
         assert (got - expected_logits).abs().max() < 0.1
 
