@@ -1,6 +1,7 @@
 """Which predicted feature stream costs the TTS student its intelligibility? Swap one at a time.
 
     python -m bench.tts_stream_swap --texts bench/tts_heldout.txt --limit 40 --json
+    python -m bench.tts_stream_swap --texts bench/tts_train_lines.txt --json   # lines it trained on
 
 For each line, Piper joe (the teacher) speaks it with alignments and WORLD analyses the
 audio (engine/train/tts_data.py), and the student predicts features on the teacher's own

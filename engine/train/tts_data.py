@@ -131,6 +131,12 @@ def heldout_written(n: int, seed: int = SEED + 7) -> list[str]:
     return out
 
 
+def trained_texts(n: int, seed: int = SEED) -> list[str]:
+    """The first training text of shards 0..n-1 (spoken form): lines the student has learned,
+    to tell a generalisation error from an underfit one (bench/tts_stream_swap.py)."""
+    return [next(spoken for spoken, split in texts(seed + 1000 * k) if split == "train") for k in range(n)]
+
+
 def texts(seed: int = SEED):
     """Endless (text, split) pairs: corpus turns and assistant replies, mixed by MIX."""
     rng = random.Random(seed)
@@ -280,6 +286,7 @@ def main() -> None:
     parser.add_argument("--shard_size", type=int, default=SHARD_SIZE)
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--write_heldout", help="write this many held-out written texts to bench/tts_heldout.txt", type=int)
+    parser.add_argument("--write_trained", help="write this many trained-on texts to bench/tts_train_lines.txt", type=int)
     args = parser.parse_args()
     import torch
 
@@ -288,6 +295,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.write_heldout:
         Path("bench/tts_heldout.txt").write_text("\n".join(heldout_written(args.write_heldout)) + "\n")
+        return
+    if args.write_trained:
+        Path("bench/tts_train_lines.txt").write_text("\n".join(trained_texts(args.write_trained)) + "\n")
         return
     if args.report:
         print(json.dumps({"hours": round(shard_hours(out), 3), "shards": len(list(out.glob("shard_*.npz")))}))
