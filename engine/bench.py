@@ -22,6 +22,11 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 - eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
 - false_eot_rate: files with an EndOfTurn before their last word ended (a mid-turn pause
   taken for the end); eot_missed: files with no EndOfTurn after the last word; n: files.
+- false_eot_pause_rate: the target's own measure, per mid-turn pause rather than per file:
+  of the `pauses` NAME.json lists (eval_set writes 400-800 ms ones), the share that an
+  EndOfTurn followed before the next pause began or the speech ended (so a turn end a little
+  after speech resumed still counts against the pause); pauses: how many there were;
+  false_eot_in_speech: files with an EndOfTurn before any pause (none without a NAME.json).
   The last word ends where the file's speech does when a NAME.json beside it gives the
   speech spans (`{"spans": [[start, end], ...], "sample_rate": 16000}`, as
   engine.train.eval_set writes), else where the final transcript's last word does (the
@@ -44,15 +49,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, load_model as load_stt, resolve_lm,
-                  resolve_precision, resolve_turns)
+from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, StreamDecoder, SttModel, TurnsChoice,
+                  check_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
@@ -72,20 +77,35 @@ def pairs(folder: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def speech_end(wav: Path) -> Optional[float]:
-    """Seconds into the file where its speech ends, from NAME.json's spans; None without one."""
+def speech_timing(wav: Path) -> tuple[Optional[float], list[tuple[float, float]]]:
+    """(where the speech ends, its mid-turn pauses) in seconds, from NAME.json; (None, [])
+    without a readable one."""
     try:
         meta = json.loads(wav.with_suffix(".json").read_text())
-        return float(meta["spans"][-1][1]) / float(meta["sample_rate"])
+        rate = float(meta["sample_rate"])
+        pauses = [(float(a) / rate, float(b) / rate) for a, b in meta.get("pauses", [])]
+        return float(meta["spans"][-1][1]) / rate, pauses
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
+        return None, []
+
+
+def turn_ends_per_pause(eot_times: list[float], pauses: list[tuple[float, float]],
+                        spoken_until: float) -> tuple[list[bool], bool]:
+    """(for each pause, whether an EndOfTurn came after it began and before the next one began
+    or the speech ended; whether one came before the first pause)."""
+    early = [t for t in eot_times if t < spoken_until]
+    starts = [a for a, _ in pauses] + [spoken_until]
+    after_pause = [any(starts[i] <= t < starts[i + 1] for t in early) for i in range(len(pauses))]
+    return after_pause, any(t < starts[0] for t in early)
 
 
 def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
-                spoken_until: Optional[float] = None, precision: str = "auto") -> dict:
+                spoken_until: Optional[float] = None, precision: str = "auto",
+                pauses: Sequence[tuple[float, float]] = (), turn_end_probability: Optional[float] = None) -> dict:
     """Run one file through a fresh Recognizer; timings in seconds of audio. spoken_until:
-    where the speech ends (default: the final transcript's last word)."""
-    recognizer = Recognizer(model, lm, turns, precision)
+    where the speech ends (default: the final transcript's last word); pauses: its mid-turn
+    pauses, when known."""
+    recognizer = Recognizer(model, lm, turns, precision, turn_end_probability)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
@@ -106,9 +126,18 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
     lags = [first_seen[i] - end for i, (_, _, end) in enumerate(words) if i in first_seen]
     last_end = spoken_until if spoken_until is not None else words[-1][2] if words else None
     after = [t for t in eot_times if last_end is not None and t >= last_end]
+    after_pause, in_speech = turn_ends_per_pause(eot_times, list(pauses), last_end) if last_end is not None else ([], False)
     return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "cpu": cpu, "lags": lags,
             "eot_latency": (after[0] - last_end) if after else None,
-            "false_eot": last_end is not None and any(t < last_end for t in eot_times)}
+            "false_eot": last_end is not None and any(t < last_end for t in eot_times),
+            "false_eot_after_pause": after_pause, "false_eot_in_speech": in_speech}
+
+
+def turn_end_probability(text: str) -> float:
+    try:
+        return check_turn_end_probability(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def bench_stt(args: argparse.Namespace) -> dict:
@@ -119,18 +148,21 @@ def bench_stt(args: argparse.Namespace) -> dict:
     timed_by = set()
     refs, hyps, lags, eot_latencies = [], [], [], []
     audio_s = elapsed = cpu = 0.0
-    missed = false_eots = 0
+    missed = false_eots = in_speech = 0
+    after_pause: list[bool] = []
     for wav, text in pairs(Path(args.data))[: args.limit or None]:
         audio = read_wav(wav, SAMPLE_RATE)
         if not np.all(np.isfinite(audio)):
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
-        spoken_until = speech_end(wav)
+        spoken_until, pauses = speech_timing(wav)
         timed_by.add("spans" if spoken_until is not None else "transcript")
-        result = stream_file(model, audio, lm, turns, spoken_until, args.precision)
+        result = stream_file(model, audio, lm, turns, spoken_until, args.precision, pauses, args.turn_end_probability)
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
         false_eots += result["false_eot"]
+        after_pause += result["false_eot_after_pause"]
+        in_speech += result["false_eot_in_speech"] and spoken_until is not None
         if result["eot_latency"] is None:
             missed += 1
         else:
@@ -145,11 +177,14 @@ def bench_stt(args: argparse.Namespace) -> dict:
     return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
             "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
             "precision": resolve_precision(model, args.precision),
+            "turn_end_probability": StreamDecoder(None, turns, args.turn_end_probability).turn_end_probability,
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
             "rtf_cpu": round(cpu / audio_s, 4) if audio_s else None,
             "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
             "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None,
+            "false_eot_pause_rate": round(sum(after_pause) / len(after_pause), 4) if after_pause else None,
+            "pauses": len(after_pause), "false_eot_in_speech": in_speech,
             "eot_timed_by": timed_by.pop() if len(timed_by) == 1 else "both"}
 
 
@@ -236,6 +271,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--lm", default=SHIPPED, help="word language model of the final transcripts: shipped (default), none (greedy CTC) or an ARPA file")
     stt.add_argument("--turns", default=SHIPPED, help="turn-completion table for turn ends: shipped (default), none (the end-of-turn head alone) or a .json.gz file")
     stt.add_argument("--precision", default="auto", choices=PRECISIONS, help="how the model steps: auto (int8 on CPU), float (the exact model) or int8")
+    stt.add_argument("--turn-end-probability", type=turn_end_probability, default=None,
+                     help="P(end) that closes a turn, between 0 and 1 (default: the engine's)")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")

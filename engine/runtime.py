@@ -47,8 +47,8 @@ from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, Fr
                     log_mel_windows, to_finite_float)
 from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
-from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, frame_outputs, load_model,
-                  resolve_lm, resolve_turns, streaming_model)
+from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, check_turn_end_probability,
+                  frame_outputs, load_model, resolve_lm, resolve_turns, streaming_model)
 from .text import MAX_PENDING_CHARS
 from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
@@ -201,7 +201,8 @@ class RuntimeSttStream:
         # Runtime-thread side:
         self.fresh = True  # slot not zeroed yet
         self.flush_pending = False
-        self.windows, self.stacker, self.decoder = StreamingWindows(), FrameStacker(), StreamDecoder(stepper.lm, stepper.turns)
+        self.windows, self.stacker, self.decoder = StreamingWindows(), FrameStacker(), StreamDecoder(
+            stepper.lm, stepper.turns, stepper.turn_end_probability)
         self.frames = torch.zeros(0, FRAMES_PER_STEP * N_MELS)  # model frames waiting for a tick
         self.channel = EventQueue()
 
@@ -365,12 +366,16 @@ class SttStepper(SlotTable):
 
     def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
                  max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None,
-                 lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED, precision: str = "auto") -> None:
+                 lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED, precision: str = "auto",
+                 turn_end_probability: Optional[float] = None) -> None:
         super().__init__(max_streams)
         self.model, self.device, self.dtype = model, device, dtype
         self.stepper = streaming_model(model, precision)  # the model, or its int8 form on CPU
         self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
         self.turns = resolve_turns(turns)  # what was said weighs on turn ends (None: the acoustic head alone)
+        self.turn_end_probability = turn_end_probability  # None: engine.stt's default for the choice of turns
+        if turn_end_probability is not None:
+            check_turn_end_probability(turn_end_probability)  # refuse it here, not at the first call
         self.frame_ready = frame_ready  # a stream's audio completed a model frame (any thread)
         self.max_frames_per_tick = max_frames_per_tick
         self.pool = StatePool(model.initial_state(1, device), max_streams)
@@ -843,14 +848,16 @@ class Runtime:
                  device: str = "auto", dtype: Optional[torch.dtype] = None, tick_s: float = FRAME_S,
                  num_threads: Optional[int] = None, max_frames_per_tick: int = MAX_FRAMES_PER_TICK,
                  admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S, lm: LmChoice = SHIPPED,
-                 turns: TurnsChoice = SHIPPED, precision: str = "auto") -> None:
+                 turns: TurnsChoice = SHIPPED, precision: str = "auto",
+                 turn_end_probability: Optional[float] = None) -> None:
         """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
         num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
         period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
         run ahead of real time (tests that drive tick() by hand lift it); lm is the language model
         of the final transcripts (the shipped one; None decodes greedily), turns the
         turn-completion table that weighs on turn ends (the shipped one; None: the acoustic head alone),
-        precision how the STT model steps (engine.stt.streaming_model: int8 matrices on CPU by default)."""
+        precision how the STT model steps (engine.stt.streaming_model: int8 matrices on CPU by default),
+        turn_end_probability the P(end) that closes a caller's turn (engine.stt.StreamDecoder)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -858,7 +865,7 @@ class Runtime:
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
         self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready,
-                               lm, turns, precision)
+                               lm, turns, precision, turn_end_probability)
         self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
                     if tts_model is not None else None)
         self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])

@@ -19,6 +19,7 @@ far (engine/turn.py: "my number is" leaves a turn open however long the caller d
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -46,12 +47,13 @@ FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
 
 PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
 END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn when the head decides alone (turns=None)
-TURN_END_PROBABILITY = 0.85  # ... or, with the turn-completion table, P(end) from the head's log odds plus
-TURN_TEXT_WEIGHT = 1.0  # this weight times the table's log odds, clipped to +-TURN_TEXT_CLIP (so a transcript
+TURN_END_PROBABILITY = 0.93  # ... or, with the turn-completion table, P(end) from the head's log odds plus
+TURN_TEXT_WEIGHT = 1.5  # this weight times the table's log odds, clipped to +-TURN_TEXT_CLIP (so a transcript
 TURN_TEXT_CLIP = 3.0  # misheard into a "complete" one cannot end a turn the head doubts), after at least
-TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. Chosen with the shipped (tenth-session) weights on the
-# selection folders and a replayed bench call: 0.95 ended 2.5-12.5 % of held-out files early but waited
-# 620 ms (p50) in the call, 0.85 ends 12.5-22.5 % early at 190-220 ms and 210 ms in the call (MODEL_CARD.md)
+TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. Chosen (eleventh session) on the selection folders'
+# 256 mid-turn pauses of 0.4-0.8 s, the target's own measure, and a replayed bench call: 0.85 / 1.0 took
+# 9.4 % of those pauses for turn ends at 208 ms p50; 0.93 / 1.5 takes 4.7 % at 217 ms, and 260 ms p50 in
+# the call (200 before), where more turns wait 0.7-1 s (MODEL_CARD.md, "Eleventh session")
 SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
 # into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
 LIKELY_PROBABILITY = 0.8  # SpeechLikely: P(speech) this high, or any CTC token (the word boundary " "
@@ -147,8 +149,8 @@ class FrozenSttModel:
 
     def step(self, stacked: Tensor, state: list[BlockState]):
         """One 40 ms frame [B, 4 * N_MELS] -> (ctc logits [B, V], eot logits [B, 3], state)."""
-        hidden, state = self.core.step(self.gelu(self.input(stacked.float())), state)
-        logits = self.heads(hidden)
+        hidden, state, norm_gain = self.core.step(self.gelu(self.input(stacked.float())), state)
+        logits = self.heads(hidden, norm_gain)
         return logits[:, :self.config.vocab_size], logits[:, self.config.vocab_size:], state
 
 
@@ -165,10 +167,21 @@ def resolve_precision(model: SttModel, precision: str = "auto") -> str:
     return precision
 
 
+_FROZEN: "weakref.WeakKeyDictionary[SttModel, tuple[tuple, FrozenSttModel]]" = weakref.WeakKeyDictionary()
+
+
 def streaming_model(model: SttModel, precision: str = "auto") -> Union[SttModel, FrozenSttModel]:
     """What steps a stream: for "float" the model itself (the reference: any device, any dtype),
-    for "int8" its frozen form (CPU); see resolve_precision."""
-    return FrozenSttModel(model.eval()) if resolve_precision(model, precision) == "int8" else model.eval()
+    for "int8" its frozen form (CPU); see resolve_precision. Freezing takes about 15 ms, so the
+    frozen form is kept per model and made again only when a weight has changed since (an
+    optimizer step or load_state_dict bumps the tensor's version)."""
+    if resolve_precision(model, precision) == "float":
+        return model.eval()
+    version = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    cached = _FROZEN.get(model)
+    if cached is None or cached[0] != version:
+        cached = _FROZEN[model] = (version, FrozenSttModel(model.eval()))
+    return cached[1]
 
 
 def encode_text(text: str) -> list[int]:
@@ -237,17 +250,31 @@ def frame_outputs(ctc_logits: Tensor, eot_logits: Tensor) -> list[FrameOutput]:
     return [(c[0][0], p, c) for c, p in zip(frame_candidates(ctc_logits), probabilities)]
 
 
+def check_turn_end_probability(p: float) -> float:
+    """A turn-end threshold must be a probability strictly between 0 and 1."""
+    if not 0.0 < float(p) < 1.0:
+        raise ValueError(f"turn_end_probability must be between 0 and 1 (exclusive), not {p!r}")
+    return float(p)
+
+
 class StreamDecoder:
     """One stream's decoding: per-frame (best token, end-of-turn probabilities) -> engine events.
 
     Shared by the single-stream Recognizer and the batched runtime, so both emit the same events.
     """
 
-    def __init__(self, lm: Optional[NgramLm] = None, turns: Optional[TurnCompletion] = None) -> None:
+    def __init__(self, lm: Optional[NgramLm] = None, turns: Optional[TurnCompletion] = None,
+                 turn_end_probability: Optional[float] = None) -> None:
+        """turn_end_probability: P(end) that closes a turn (default TURN_END_PROBABILITY with the
+        table, END_OF_TURN_THRESHOLD without): lower ends turns sooner and cuts more callers off
+        at a pause (see check_turn_end_probability)."""
         self.frame = 0
         self.ctc = GreedyCtc()
         self.beam = CtcBeamSearch(lm, VOCAB, BLANK) if lm is not None else None
         self.turns = turns
+        self.turn_end_probability = check_turn_end_probability(
+            turn_end_probability if turn_end_probability is not None
+            else END_OF_TURN_THRESHOLD if turns is None else TURN_END_PROBABILITY)
         self._last_partial = ""
         self._last_partial_frame = -PARTIAL_EVERY_FRAMES
         self._speech_frames = 0
@@ -282,7 +309,7 @@ class StreamDecoder:
                 self._last_partial, self._last_partial_frame = shown, self.frame
                 events.append(Partial(shown))
         end = self._end_probability(eot[END_OF_TURN], text) if self._in_speech and text else None
-        if end is not None and (end >= self._end_threshold or self._quiet_frames >= SILENT_TURN_END_FRAMES):
+        if end is not None and (end >= self.turn_end_probability or self._quiet_frames >= SILENT_TURN_END_FRAMES):
             events += [self._final(), EndOfTurn(confidence=end)]
             self._close_turn()
         elif self._in_speech and not text and self._quiet_frames >= WORDLESS_END_FRAMES:
@@ -290,10 +317,6 @@ class StreamDecoder:
             self._close_turn()
         self.frame += 1
         return events
-
-    @property
-    def _end_threshold(self) -> float:
-        return END_OF_TURN_THRESHOLD if self.turns is None else TURN_END_PROBABILITY
 
     def _end_probability(self, acoustic: float, greedy: str) -> float:
         """P(the turn is over) now: the end-of-turn head's, or with the turn-completion table
@@ -351,12 +374,12 @@ class Recognizer:
     """
 
     def __init__(self, model: SttModel, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
-                 precision: str = "auto") -> None:
+                 precision: str = "auto", turn_end_probability: Optional[float] = None) -> None:
         self.model = streaming_model(model, precision)
         self.features = StreamingLogMel()
         self.stacker = FrameStacker()
         self.state = model.initial_state(1)
-        self.decoder = StreamDecoder(resolve_lm(lm), resolve_turns(turns))
+        self.decoder = StreamDecoder(resolve_lm(lm), resolve_turns(turns), turn_end_probability)
 
     @torch.no_grad()
     def push(self, pcm: np.ndarray) -> list[SttEvent]:

@@ -54,6 +54,7 @@ class Config:
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
+    turn_end_probability: float = 0.0  # P(end) that closes a caller's turn, 0-1; 0 = the engine's default (0.93). Lower answers sooner but cuts more callers off at a pause (README, engine/weights/MODEL_CARD.md)
     resume_unfinished: str = "continue"  # a resumed session's cut-off reply: continue from the first unheard word, or drop
     idle_prompt_s: float = 15.0  # conversation: a caller silent this long is asked if they are still there
     idle_hangup_s: float = 15.0  # ... and after this much more silence the call ends (reason idle)
@@ -105,6 +106,8 @@ class Config:
         for name in ("stt_weights", "tts_weights"):
             if getattr(self, name) and not Path(getattr(self, name)).is_file():
                 raise ConfigError(f"{name}: {getattr(self, name)!r} is not a file")
+        if not 0.0 <= self.turn_end_probability < 1.0:
+            raise ConfigError(f"turn_end_probability: {self.turn_end_probability} is outside 0-1 (0: the engine's default)")
         if self.record_dir and not Path(self.record_dir).is_dir():
             raise ConfigError(f"record_dir: {self.record_dir!r} is not a directory")
         if min(self.idle_prompt_s, self.idle_hangup_s, self.max_turn_s) <= 0:

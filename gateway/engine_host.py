@@ -40,7 +40,8 @@ class EngineHost:
         tts_weights = Path(self.config.tts_weights) if self.config.tts_weights else None
         return engine.SpeechEngine(weights_path=weights, with_tts=self.config.mode == "conversation",
                                    tts_weights_path=tts_weights, max_streams=self.config.engine_max_streams,
-                                   device=self.config.engine_device, num_threads=self.config.engine_threads or None)
+                                   device=self.config.engine_device, num_threads=self.config.engine_threads or None,
+                                   turn_end_probability=self.config.turn_end_probability or None)
 
     @property
     def ready(self) -> bool:

@@ -93,6 +93,8 @@ def test_missing_config_file_is_clear(tmp_path):
     ({"public_url": "10.0.0.5:8080"}, "public_url: '10.0.0.5:8080' must start with http://"),
     ({"new_calls_without_redis": "maybe"}, "new_calls_without_redis: 'maybe' is not one of accept, reject"),
     ({"lease_ttl_s": 0}, "lease_ttl_s and peer_timeout_s must be positive"),
+    ({"turn_end_probability": 1.0}, "turn_end_probability: 1.0 is outside 0-1"),
+    ({"turn_end_probability": -0.1}, "turn_end_probability: -0.1 is outside 0-1"),
 ])
 def test_engine_and_session_settings_are_validated(settings, message):
     from gateway.config import Config, ConfigError

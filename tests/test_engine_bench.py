@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench import turn_ends_per_pause
+
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO / "tests" / "data" / "speech"
 
@@ -35,11 +37,24 @@ def test_stt_bench_times_turn_ends_by_the_speech_spans_when_given(tmp_path):
     for source in SPEECH.iterdir():
         shutil.copy(source, tmp_path / source.name)
     # Speech "ends" 20 s into a file of a few seconds: every turn end comes before it.
-    (tmp_path / "flite_slt-020.json").write_text(json.dumps({"spans": [[0, 320000]], "sample_rate": 16000}))
+    # A "pause" from 0.1 s to 0.5 s: every one of those turn ends follows it.
+    (tmp_path / "flite_slt-020.json").write_text(json.dumps(
+        {"spans": [[0, 1600], [8000, 320000]], "pauses": [[1600, 8000]], "sample_rate": 16000}))
     (tmp_path / "flite_slt-021.json").write_text("{not json")  # unreadable: the transcript decides
     result = bench("stt", "--data", str(tmp_path))
     assert result["eot_timed_by"] == "both" and result["n"] == 2
     assert result["false_eot_rate"] >= 0.5 and result["eot_missed"] >= 1
+    assert result["pauses"] == 1 and result["false_eot_pause_rate"] == 1.0 and result["false_eot_in_speech"] == 0
+
+
+def test_turn_ends_are_charged_to_the_pause_before_them():
+    pauses = [(1.0, 1.5), (3.0, 3.6), (5.0, 5.4)]
+    # one in speech before any pause, one just after the first pause ended, none after the
+    # second, one in the third; the one after the speech ended is the real turn end
+    after_pause, in_speech = turn_ends_per_pause([0.5, 1.7, 5.2, 7.5], pauses, spoken_until=7.0)
+    assert after_pause == [True, False, True] and in_speech
+    assert turn_ends_per_pause([7.5], pauses, 7.0) == ([False, False, False], False)
+    assert turn_ends_per_pause([2.0], [], 7.0) == ([], True)
 
 
 def test_stt_bench_rejects_a_folder_without_pairs(tmp_path):
@@ -66,3 +81,21 @@ def test_stt_step_bench_times_both_forms_side_by_side():
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     for row in result["rows"]:
         assert row["float_step_ms_p50"] > 0 and row["int8_step_ms_p50"] > 0 and row["float_over_int8_p50"] > 0
+
+
+def test_turn_rule_sweep_scores_rules_from_one_pass(tmp_path):
+    for source in SPEECH.iterdir():
+        shutil.copy(source, tmp_path / source.name)
+    for wav in tmp_path.glob("*.wav"):  # speech to 1.5 s, with a "pause" from 0.3 to 0.7 s
+        wav.with_suffix(".json").write_text(json.dumps(
+            {"spans": [[0, 4800], [11200, 24000]], "pauses": [[4800, 11200]], "sample_rate": 16000}))
+    done = subprocess.run([sys.executable, "-m", "bench.turn_rule_sweep", "--data", str(tmp_path),
+                           "--thresholds", "0.5,0.999999", "--text-weights", "1.0", "--quiet-frames", "3", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["files"] == 2 and result["pauses"] == 2 and len(result["rules"]) == 2
+    eager, strict = result["rules"]
+    assert eager["false_eot_pause_rate"] >= strict["false_eot_pause_rate"]
+    # a rule that (almost) never trusts the head waits for the 1.2 s silence fallback
+    assert strict["eot_missed"] == 0 and strict["eot_latency_ms_p50"] >= 1100

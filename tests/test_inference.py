@@ -32,8 +32,8 @@ def test_frozen_fp32_stack_steps_like_the_stack(width, depth, expand, mlp_ratio)
     for _ in range(20):
         x = torch.randn(3, width) * 2
         y, state = stack.step(x, state)
-        z, frozen_state = frozen.step(x, frozen_state)
-        torch.testing.assert_close(z * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
+        z, frozen_state, norm_gain = frozen.step(x, frozen_state)
+        torch.testing.assert_close(z * norm_gain * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
         for ours, theirs in zip(frozen_state, state):
             torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
@@ -64,6 +64,29 @@ def test_int8_products_are_close_and_rows_are_independent():
     assert ((packed(x) - exact).abs().max() / exact.abs().max()) < 0.02
     x[2] = 1e4  # one loud row changes nothing in the others
     torch.testing.assert_close(packed(x)[[0, 1, 3, 4]], packed(x[[0, 1, 3, 4]]), atol=0.05, rtol=0.01)
+
+
+def test_int8_rounding_is_against_the_scale_the_kernel_uses():
+    """Each weight, rebuilt from its int8 value and the row's bf16 scale, is within half a step."""
+    torch.manual_seed(1)
+    weight = torch.randn(512, 64) * torch.rand(512, 1) * 3
+    packed = PackedLinear(weight, torch.zeros(512), int8=True)
+    step = packed.scale.float()[:, None]
+    error = (packed.weight.float() * step - weight).abs() / step
+    assert error.max() <= 0.5 + 1e-3
+
+
+@needs_int8
+def test_frozen_form_is_reused_until_a_weight_changes():
+    model = SttModel(SttConfig(width=32, depth=1))
+    first = streaming_model(model, "int8")
+    assert streaming_model(model, "int8") is first
+    with torch.no_grad():
+        model.eot_head.bias.add_(1.0)  # as an optimizer step would
+    second = streaming_model(model, "int8")
+    assert second is not first
+    x, state = torch.randn(1, 320), model.initial_state(1)
+    torch.testing.assert_close(second.step(x, state)[1], model.step(x, state)[1], atol=0.05, rtol=0.02)
 
 
 def test_precision_choice():

@@ -18,7 +18,7 @@ from engine import runtime as runtime_module, weights
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
-from engine.stt import END_OF_TURN, SHIPPED, Recognizer, SttConfig, SttModel, load_model
+from engine.stt import END_OF_TURN, SHIPPED, Recognizer, StreamDecoder, SttConfig, SttModel, load_model
 
 RATE = 16000
 EVENT_DEADLINE_S = 60.0  # generous: the machine may be busy
@@ -169,6 +169,15 @@ def test_large_batches_step_the_float_model(monkeypatch):
     drain(runtime)
     _, expected_logits = reference(model, audio, precision="float")
     assert torch.allclose(torch.stack(logits[stream.slot]), expected_logits, atol=1e-4)
+
+
+def test_the_turn_end_probability_reaches_every_stream():
+    runtime = Runtime(small_model(), max_streams=2, device="cpu", turn_end_probability=0.7)
+    assert runtime.open_stt("a").decoder.turn_end_probability == 0.7
+    assert Runtime(small_model(), max_streams=1, device="cpu").open_stt("b").decoder.turn_end_probability == \
+        StreamDecoder(turns=runtime.stt.turns).turn_end_probability, "default: the engine's"
+    with pytest.raises(ValueError, match="turn_end_probability"):
+        Runtime(small_model(), max_streams=1, device="cpu", turn_end_probability=1.2)
 
 
 def test_reused_slot_starts_clean():

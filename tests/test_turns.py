@@ -126,3 +126,13 @@ def test_a_long_turn_is_judged_by_its_end_not_as_a_short_one():
     turns = count_turns([[digits]] * 5 + [[said, ["thanks"]]] * 5)
     assert turns.probability(digits) > 0.7
     assert turns.probability(said) < 0.3
+
+
+def test_the_turn_end_probability_is_the_callers_to_choose():
+    # the head is 96 % sure: a threshold above that waits for the silence fallback
+    assert speak_then_pause(StreamDecoder(turn_end_probability=0.97), "my order number is", 8) == []
+    events = speak_then_pause(StreamDecoder(turn_end_probability=0.95), "my order number is", 3)
+    assert [type(e) for e in events] == [Final, EndOfTurn]
+    for bad in (0.0, 1.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="turn_end_probability"):
+            StreamDecoder(turn_end_probability=bad)
