@@ -36,8 +36,7 @@ def record_file(model: stt.SttModel, audio: np.ndarray) -> list[Record]:
     decoder, records, now = recognizer.decoder, [], [0.0]
 
     def observe(acoustic: float, greedy: str) -> float:
-        words = (greedy if decoder.beam is None else decoder._last_partial or greedy).split()
-        records.append((now[0], float(acoustic), stt._log_odds(decoder.turns.probability(words)), decoder._quiet_frames))
+        records.append((now[0], float(acoustic), decoder.text_log_odds(greedy), decoder._quiet_frames))
         return 0.0  # never closes a turn (the 1.2 s silence rule still does)
 
     decoder._end_probability = observe

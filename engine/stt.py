@@ -325,10 +325,14 @@ class StreamDecoder:
             return float(acoustic)
         if self._quiet_frames < TURN_END_QUIET_FRAMES:
             return 0.0
+        text = min(max(self.text_log_odds(greedy), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
+        return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + TURN_TEXT_WEIGHT * text)))
+
+    def text_log_odds(self, greedy: str) -> float:
+        """The turn table's log odds that the words so far finish a turn (needs a table)."""
         # With the beam, the latest partial (its best, refreshed every other frame) spares a ranking.
         words = (greedy if self.beam is None else self._last_partial or greedy).split()
-        text = min(max(_log_odds(self.turns.probability(words)), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
-        return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + TURN_TEXT_WEIGHT * text)))
+        return _log_odds(self.turns.probability(words))
 
     def flush(self) -> list[SttEvent]:
         """The audio ended: finalise whatever was heard (no end-of-turn claim)."""
