@@ -24,6 +24,7 @@ phase offsets, the noise overlap-add tail; a few KiB.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -125,16 +126,42 @@ def counter_noise(start: Tensor, n: int) -> Tensor:
     return (bits.float() / 2.0 ** 32 * 2 - 1) * math.sqrt(3.0)
 
 
-def _min_phase_at(log_bands: Tensor, freqs: Tensor) -> Tensor:
-    """Phase (rad) at frequencies [B, K] (Hz) of the minimum-phase filter whose magnitude is
-    the envelope [B, N_BANDS]: fold the real cepstrum of the log magnitude onto positive quefrencies."""
+def _min_phase_on_grid(log_bands: Tensor) -> Tensor:
+    """Phase (rad) on the MIN_PHASE_FFT bins of the minimum-phase filter whose magnitude is the
+    envelope [B, N_BANDS]: fold the real cepstrum of the log magnitude onto positive quefrencies."""
     n_bins = MIN_PHASE_FFT // 2 + 1
-    grid = torch.linspace(0, SAMPLE_RATE / 2, n_bins, device=log_bands.device).expand(log_bands.shape[0], -1)
-    cepstrum = torch.fft.irfft(0.5 * _interp_bands(log_bands, grid), n=MIN_PHASE_FFT)
-    fold = torch.zeros(MIN_PHASE_FFT, device=log_bands.device)
+    grid = torch.linspace(0, SAMPLE_RATE / 2, n_bins, device=log_bands.device, dtype=log_bands.dtype)
+    cepstrum = torch.fft.irfft(0.5 * _interp_bands(log_bands, grid.expand(log_bands.shape[0], -1)), n=MIN_PHASE_FFT)
+    fold = torch.zeros(MIN_PHASE_FFT, device=log_bands.device, dtype=log_bands.dtype)
     fold[0] = fold[MIN_PHASE_FFT // 2] = 1.0
     fold[1:MIN_PHASE_FFT // 2] = 2.0
-    phase = torch.fft.rfft(cepstrum * fold).imag  # [B, n_bins]
+    return torch.fft.rfft(cepstrum * fold).imag  # [B, n_bins]
+
+
+@functools.lru_cache(maxsize=None)
+def _linear_map(name: str, device: torch.device) -> Tensor:
+    """[N_BANDS, bins]: a per-frame map from the log bands to a fixed frequency grid that is
+    linear in them (interpolation, and for the minimum phase also an inverse FFT, a fold and an
+    FFT), computed once from the identity in fp64 so each chunk does one small matmul instead."""
+    eye = torch.eye(N_BANDS, dtype=torch.float64)
+    if name == "min_phase":
+        out = _min_phase_on_grid(eye)
+    else:  # the noise filter's bins
+        out = _interp_bands(eye, torch.linspace(0, SAMPLE_RATE / 2, NOISE_FFT // 2 + 1, dtype=torch.float64).expand(N_BANDS, -1))
+    return out.float().to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _noise_ap_bands(device: torch.device) -> Tensor:
+    """The aperiodicity band of each noise-filter bin."""
+    return torch.from_numpy(ap_band_of_bins(NOISE_FFT // 2 + 1)).to(device)
+
+
+def _min_phase_at(log_bands: Tensor, freqs: Tensor) -> Tensor:
+    """Phase (rad) at frequencies [B, K] (Hz) of the minimum-phase filter of the envelope
+    [B, N_BANDS] (_min_phase_on_grid, through its precomputed matrix), interpolated."""
+    n_bins = MIN_PHASE_FFT // 2 + 1
+    phase = log_bands @ _linear_map("min_phase", log_bands.device)  # [B, n_bins]
     pos = (freqs / (SAMPLE_RATE / 2) * (n_bins - 1)).clamp(0, n_bins - 1 - 1e-4)
     left = pos.floor().long()
     lo, hi = torch.gather(phase, 1, left), torch.gather(phase, 1, left + 1)
@@ -176,9 +203,8 @@ _WINDOW: dict = {}
 
 def _noise_filter(envelope: Tensor, ap: Tensor, voiced: Tensor) -> Tensor:
     """Per-frame magnitude response for the noise, [B, NOISE_FFT/2+1]."""
-    freqs = torch.linspace(0, SAMPLE_RATE / 2, NOISE_FFT // 2 + 1, device=envelope.device).expand(envelope.shape[0], -1)
-    power = torch.exp(_interp_bands(envelope, freqs))
-    ratio = torch.where(voiced[:, None] > 0, _ap_at(ap, freqs), torch.ones_like(freqs))
+    power = torch.exp(envelope @ _linear_map("noise", envelope.device))
+    ratio = torch.where(voiced[:, None] > 0, ap[:, _noise_ap_bands(envelope.device)], torch.ones_like(power))
     return torch.sqrt(power * ratio)
 
 
