@@ -138,17 +138,19 @@ def _min_phase_on_grid(log_bands: Tensor) -> Tensor:
     return torch.fft.rfft(cepstrum * fold).imag  # [B, n_bins]
 
 
+# The minimum phase and the noise filter's log power on their fixed frequency grids are linear
+# in the log bands (interpolation; for the phase also an inverse FFT, a fold and an FFT), so each
+# is a [N_BANDS, bins] matrix, computed once from the identity in fp64: one small matmul a chunk.
+
 @functools.lru_cache(maxsize=None)
-def _linear_map(name: str, device: torch.device) -> Tensor:
-    """[N_BANDS, bins]: a per-frame map from the log bands to a fixed frequency grid that is
-    linear in them (interpolation, and for the minimum phase also an inverse FFT, a fold and an
-    FFT), computed once from the identity in fp64 so each chunk does one small matmul instead."""
-    eye = torch.eye(N_BANDS, dtype=torch.float64)
-    if name == "min_phase":
-        out = _min_phase_on_grid(eye)
-    else:  # the noise filter's bins
-        out = _interp_bands(eye, torch.linspace(0, SAMPLE_RATE / 2, NOISE_FFT // 2 + 1, dtype=torch.float64).expand(N_BANDS, -1))
-    return out.float().to(device)
+def _min_phase_matrix(device: torch.device) -> Tensor:
+    return _min_phase_on_grid(torch.eye(N_BANDS, dtype=torch.float64)).float().to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _noise_band_matrix(device: torch.device) -> Tensor:
+    bins = torch.linspace(0, SAMPLE_RATE / 2, NOISE_FFT // 2 + 1, dtype=torch.float64)
+    return _interp_bands(torch.eye(N_BANDS, dtype=torch.float64), bins.expand(N_BANDS, -1)).float().to(device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,9 +161,9 @@ def _noise_ap_bands(device: torch.device) -> Tensor:
 
 def _min_phase_at(log_bands: Tensor, freqs: Tensor) -> Tensor:
     """Phase (rad) at frequencies [B, K] (Hz) of the minimum-phase filter of the envelope
-    [B, N_BANDS] (_min_phase_on_grid, through its precomputed matrix), interpolated."""
+    [B, N_BANDS] (_min_phase_on_grid, through its matrix), interpolated."""
     n_bins = MIN_PHASE_FFT // 2 + 1
-    phase = log_bands @ _linear_map("min_phase", log_bands.device)  # [B, n_bins]
+    phase = log_bands @ _min_phase_matrix(log_bands.device)  # [B, n_bins]
     pos = (freqs / (SAMPLE_RATE / 2) * (n_bins - 1)).clamp(0, n_bins - 1 - 1e-4)
     left = pos.floor().long()
     lo, hi = torch.gather(phase, 1, left), torch.gather(phase, 1, left + 1)
@@ -203,7 +205,7 @@ _WINDOW: dict = {}
 
 def _noise_filter(envelope: Tensor, ap: Tensor, voiced: Tensor) -> Tensor:
     """Per-frame magnitude response for the noise, [B, NOISE_FFT/2+1]."""
-    power = torch.exp(envelope @ _linear_map("noise", envelope.device))
+    power = torch.exp(envelope @ _noise_band_matrix(envelope.device))
     ratio = torch.where(voiced[:, None] > 0, ap[:, _noise_ap_bands(envelope.device)], torch.ones_like(power))
     return torch.sqrt(power * ratio)
 
