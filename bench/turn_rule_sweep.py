@@ -54,8 +54,8 @@ def turn_ends(records: list[Record], threshold: float, weight: float, clip: floa
         armed = armed or quiet_frames == 0
         if not armed:
             continue
-        logit = stt._log_odds(acoustic) + weight * min(max(text, -clip), clip)
-        if quiet_frames >= stt.SILENT_TURN_END_FRAMES or (quiet_frames >= quiet and logit >= stt._log_odds(threshold)):
+        if quiet_frames >= stt.SILENT_TURN_END_FRAMES or (
+                quiet_frames >= quiet and stt.combined_end_probability(acoustic, text, weight, clip) >= threshold):
             out.append(now)
             armed = False
     return out

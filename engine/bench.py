@@ -56,8 +56,8 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, StreamDecoder, SttModel, TurnsChoice,
-                  check_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
+from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, check_turn_end_probability,
+                  default_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
 from .train.textnorm import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
@@ -177,7 +177,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
     return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
             "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
             "precision": resolve_precision(model, args.precision),
-            "turn_end_probability": StreamDecoder(None, turns, args.turn_end_probability).turn_end_probability,
+            "turn_end_probability": args.turn_end_probability or default_turn_end_probability(turns),
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
             "rtf_cpu": round(cpu / audio_s, 4) if audio_s else None,

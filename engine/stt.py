@@ -250,6 +250,19 @@ def frame_outputs(ctc_logits: Tensor, eot_logits: Tensor) -> list[FrameOutput]:
     return [(c[0][0], p, c) for c, p in zip(frame_candidates(ctc_logits), probabilities)]
 
 
+def combined_end_probability(acoustic: float, text_log_odds: float, weight: float = TURN_TEXT_WEIGHT,
+                             clip: float = TURN_TEXT_CLIP) -> float:
+    """P(end) from the head's P(end) and the turn table's log odds, as independent evidence:
+    sigmoid(logit(head) + weight * clip(table log odds, +-clip))."""
+    text = min(max(text_log_odds, -clip), clip)
+    return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + weight * text)))
+
+
+def default_turn_end_probability(turns: Optional[TurnCompletion]) -> float:
+    """The P(end) that closes a turn unless a caller chooses one: with or without the table."""
+    return END_OF_TURN_THRESHOLD if turns is None else TURN_END_PROBABILITY
+
+
 def check_turn_end_probability(p: float) -> float:
     """A turn-end threshold must be a probability strictly between 0 and 1."""
     if not 0.0 < float(p) < 1.0:
@@ -273,8 +286,7 @@ class StreamDecoder:
         self.beam = CtcBeamSearch(lm, VOCAB, BLANK) if lm is not None else None
         self.turns = turns
         self.turn_end_probability = check_turn_end_probability(
-            turn_end_probability if turn_end_probability is not None
-            else END_OF_TURN_THRESHOLD if turns is None else TURN_END_PROBABILITY)
+            turn_end_probability if turn_end_probability is not None else default_turn_end_probability(turns))
         self._last_partial = ""
         self._last_partial_frame = -PARTIAL_EVERY_FRAMES
         self._speech_frames = 0
@@ -325,8 +337,7 @@ class StreamDecoder:
             return float(acoustic)
         if self._quiet_frames < TURN_END_QUIET_FRAMES:
             return 0.0
-        text = min(max(self.text_log_odds(greedy), -TURN_TEXT_CLIP), TURN_TEXT_CLIP)
-        return 1.0 / (1.0 + math.exp(-(_log_odds(acoustic) + TURN_TEXT_WEIGHT * text)))
+        return combined_end_probability(acoustic, self.text_log_odds(greedy))
 
     def text_log_odds(self, greedy: str) -> float:
         """The turn table's log odds that the words so far finish a turn (needs a table)."""
