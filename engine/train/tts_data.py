@@ -2,6 +2,7 @@
 
     nohup nice -n 10 .venv/bin/python -m engine.train.tts_data --hours 2 > runs/tts-data.out 2>&1 &
     python -m engine.train.tts_data --report          # hours written so far
+    # one job per core: --worker 0/2 and --worker 1/2 write alternate shards
 
 Each utterance is normalized by engine/text.py, phonemized by Piper's own espeak-ng bridge
 (the same call the model uses at run time), synthesized by Piper joe with alignments (its
@@ -285,6 +286,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--shard_size", type=int, default=SHARD_SIZE)
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--worker", default="0/1", help="I/N: write only shards k with k %% N == I, so N jobs share the cores")
     parser.add_argument("--write_heldout", help="write this many held-out written texts to bench/tts_heldout.txt", type=int)
     parser.add_argument("--write_trained", help="write this many trained-on texts to bench/tts_train_lines.txt", type=int)
     args = parser.parse_args()
@@ -302,9 +304,12 @@ def main() -> None:
     if args.report:
         print(json.dumps({"hours": round(shard_hours(out), 3), "shards": len(list(out.glob("shard_*.npz")))}))
         return
+    worker, workers = (int(v) for v in args.worker.split("/"))
+    if not 0 <= worker < workers:
+        parser.error(f"--worker {args.worker}: need I/N with 0 <= I < N")
     voice = load_teacher()
     stream = texts(args.seed)
-    if not (eval_out / "texts.json").exists():  # the held-out yardstick first, once
+    if worker == 0 and not (eval_out / "texts.json").exists():  # the held-out yardstick first, once
         eval_out.mkdir(parents=True, exist_ok=True)
         held = []
         while len(held) < EVAL_SENTENCES:
@@ -321,7 +326,7 @@ def main() -> None:
     k, hours, started = 0, shard_hours(out), time.time()
     while hours < args.hours:
         path = out / f"shard_{k:05d}.npz"
-        if path.exists():
+        if path.exists() or k % workers != worker:
             k += 1
             continue
         items = []
@@ -333,7 +338,7 @@ def main() -> None:
             audio, ids, durations = teacher_utterance(voice, spoken)
             items.append({"text": spoken, "audio": audio, "ids": ids, "durations": durations, "features": analyse(audio)})
         write_shard(path, items)
-        hours += sum(len(i["features"]) for i in items) * vocoder.HOP / vocoder.SAMPLE_RATE / 3600
+        hours = shard_hours(out)  # every worker's shards count
         print(json.dumps({"time": round(time.time(), 1), "shard": k, "hours": round(hours, 3),
                           "elapsed_s": round(time.time() - started, 1)}), flush=True)
         k += 1
