@@ -262,10 +262,12 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     if len(active):
         # sum_k (a0_k + (a1_k - a0_k) r) cos(k phase) = C @ a0 + r (C @ (a1 - a0)), C = cos(k phase):
         # two batched matmuls instead of materialising the [B, T, HOP, k] amplitude glide.
+        # The angles k phase + offset_k + glide_k r as one product: rows (phase, r, 1) times
+        # columns (k, glide_k, offset_k), instead of four broadcast passes over [B, T, HOP, k].
         k = int(active[-1]) + 1
-        angles = (phase_f[..., None] * harmonics[:k] + start_offsets[:, :, None, :k]
-                  + offset_glide[:, :, None, :k] * ramp[:, None])
-        cosines = torch.cos(angles).view(batch * frames, HOP, k)
+        rows = torch.stack([phase_f, ramp.expand_as(phase_f), torch.ones_like(phase_f)], dim=-1)
+        columns = torch.stack([harmonics[:k].expand(batch, frames, k), offset_glide[..., :k], start_offsets[..., :k]], dim=-2)
+        cosines = torch.bmm(rows.view(batch * frames, HOP, 3), columns.view(batch * frames, 3, k)).cos_()
         glide = torch.stack([prev_amps[..., :k], (amps - prev_amps)[..., :k]], dim=-1).view(batch * frames, k, 2)
         start_and_slope = torch.bmm(cosines, glide).view(batch, frames, HOP, 2)
         harmonic = start_and_slope[..., 0] + start_and_slope[..., 1] * ramp
@@ -276,8 +278,9 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     key = (device, NOISE_FFT)
     if key not in _WINDOW:
         _WINDOW[key] = torch.hann_window(NOISE_FFT, periodic=True, device=device)
-    starts = state.sample[:, None] + HOP * torch.arange(frames, device=device)
-    noise = counter_noise(starts.reshape(-1), NOISE_FFT).view(batch, frames, NOISE_FFT) * _WINDOW[key]
+    # Blocks overlap by half, so the chunk's noise is drawn once and viewed as blocks.
+    samples = counter_noise(state.sample, (frames - 1) * HOP + NOISE_FFT)
+    noise = samples.unfold(1, NOISE_FFT, HOP) * _WINDOW[key]  # [B, T, NOISE_FFT]
     response = _noise_filter(flat(envelope), flat(ap), voiced.reshape(-1)).view(batch, frames, -1)
     blocks = torch.fft.irfft(torch.fft.rfft(noise) * response * NOISE_GAIN, n=NOISE_FFT)  # [B, T, 2 HOP]
     tails = torch.cat([state.noise_tail[:, None], blocks[:, :-1, HOP:]], dim=1)
