@@ -147,3 +147,18 @@ def test_shipped_weights_speak():
     audio, marks = synthesize_offline(model, "Thank you for calling.")
     assert len(audio) > 0.3 * vocoder.SAMPLE_RATE and len(marks) == 4
     assert np.abs(audio).max() > 100
+
+
+def test_envelope_sharpening_keeps_level_tilt_and_energy():
+    torch.manual_seed(3)
+    envelope = torch.randn(5, vocoder.N_BANDS).cumsum(-1) * 0.3 - 8
+    assert torch.equal(vocoder.sharpen_envelope(envelope, 1.0), envelope)
+    sharpened = vocoder.sharpen_envelope(envelope, 1.5)
+    log_width = torch.log(torch.from_numpy(np.gradient(vocoder.band_centers_hz())).float())
+    assert torch.allclose(torch.logsumexp(sharpened + log_width, -1), torch.logsumexp(envelope + log_width, -1), atol=1e-4)
+    # the detail above the first two cepstral coefficients grows by the gain; those two only shift by the energy fix
+    n = torch.arange(vocoder.N_BANDS, dtype=torch.float64)
+    dct = torch.cos(torch.pi / vocoder.N_BANDS * (n[None] + 0.5) * n[:, None]).float()
+    before, after = envelope @ dct.T, sharpened @ dct.T
+    assert torch.allclose(after[:, 2:], 1.5 * before[:, 2:], atol=1e-3 * before.abs().max())
+    assert torch.allclose(after[:, 1], before[:, 1], atol=1e-3 * before.abs().max())
