@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--systems", default="piper,world_full,world_coded,torch_hn")
     parser.add_argument("--weights", default="", help="TTS weights for the student system (default: shipped)")
+    parser.add_argument("--envelope-postfilter", type=float, help="the student's envelope sharpening gain (default: the engine's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -172,6 +173,8 @@ def main() -> None:
         from engine.tts import load_model, synthesize_offline
 
         student = load_model(Path(args.weights) if args.weights else None)
+        if args.envelope_postfilter is not None:
+            student.envelope_postfilter = args.envelope_postfilter
         systems["student"] = lambda a, f, t: synthesize_offline(student, t)[0].astype(np.float32) / 32768
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,7 @@ reload_every = 200
 seed = 1337
 threads = 1
 export = 0
+export_from = "best.pt"  # the checkpoint in out_dir that --export=1 ships (ckpt.pt: the last step, e.g. after an anneal)
 init_from = ""  # a .safetensors or .pt to start from instead of random weights (e.g. to anneal the shipped model)
 # ---------------------------------------------------------------------------------------------
 
@@ -192,8 +193,8 @@ def load_checkpoint_model(path: Path) -> tuple[TtsModel, dict]:
 
 
 def export_best(cfg: dict) -> None:
-    """Write best.pt to engine/weights/tts.safetensors if its held-out WER beats the shipped one."""
-    model, best = load_checkpoint_model(Path(cfg["out_dir"]) / "best.pt")
+    """Write export_from to engine/weights/tts.safetensors if its held-out WER beats the shipped one."""
+    model, best = load_checkpoint_model(Path(cfg["out_dir"]) / cfg["export_from"])
     new_wer = evaluate(model, cfg)
     if SHIPPED.exists():
         from engine.tts import load_model
