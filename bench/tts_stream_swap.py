@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.tts_vocoder_ceiling import torch_hn, whisper_judge
+from bench.tts_vocoder_ceiling import torch_hn
 from engine import text as frontend, vocoder
+from engine.bench import whisper_judge
 from engine.train.textnorm import normalize_for_wer
 from engine.train.tts_data import analyse, load_teacher, teacher_utterance
 from engine.tts import TtsModel, load_model, round_durations
@@ -67,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = [ln.strip() for ln in Path(args.texts).read_text(encoding="utf-8").splitlines() if ln.strip()]
     model = load_model(Path(args.weights) if args.weights else None).eval()
-    teacher_voice, judge = load_teacher(), whisper_judge()
+    teacher_voice, judge = load_teacher(), whisper_judge("tiny.en")
     refs, hyps, frame_ratios = [], {}, []
     for line in lines[: args.limit]:
         audio, ids, durations = teacher_utterance(teacher_voice, frontend.normalize_text(line))

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from engine import vocoder
+from engine.bench import whisper_judge
 from engine.train.textnorm import normalize_for_wer
 from engine.train.tts_data import analyse
 from engine.train.voices import load_pyworld
@@ -37,20 +38,6 @@ from engine.wavfile import read_wav, write_wav
 from engine.wer import word_error_rate
 
 N_CEPSTRUM = 24
-
-
-def whisper_judge():
-    """Whisper tiny.en (int8, one thread): audio at any rate -> text."""
-    from bench.stt_anchors import whisper_transcriber
-
-    transcribe = whisper_transcriber(beam_size=5)
-
-    def judge(audio: np.ndarray, rate: int) -> str:
-        from engine.wavfile import resample
-
-        return transcribe(resample(audio.astype(np.float32), rate, 16000))[0]
-
-    return judge
 
 
 def mel_cepstrum(features: np.ndarray) -> np.ndarray:
@@ -166,7 +153,7 @@ def main() -> None:
     if args.calibrate:
         print(json.dumps(calibrate(analysed)))
         return
-    judge = whisper_judge()
+    judge = whisper_judge("tiny.en")
     systems = {"piper": lambda a, f, t: a, "world_full": lambda a, f, t: world_full(a),
                "world_coded": lambda a, f, t: world_coded(f), "torch_hn": lambda a, f, t: torch_hn(f)}
     if "student" in args.systems.split(","):

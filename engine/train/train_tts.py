@@ -24,6 +24,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,7 @@ threads = 1
 export = 0
 export_from = "best.pt"  # the checkpoint in out_dir that --export=1 ships (ckpt.pt: the last step, e.g. after an anneal)
 init_from = ""  # a .safetensors or .pt to start from instead of random weights (e.g. to anneal the shipped model)
+grow_decoder = 0  # with init_from: append this many decoder blocks, each starting as the identity
 # ---------------------------------------------------------------------------------------------
 
 SHIPPED = weights.WEIGHTS_DIR / "tts.safetensors"
@@ -157,15 +159,13 @@ _JUDGE = None
 
 
 def judge(audio: np.ndarray) -> str:
-    """Whisper tiny.en (faster-whisper, int8, one thread) on 22.05 kHz float audio."""
+    """Whisper tiny.en (engine.bench's judge) on 22.05 kHz float audio."""
     global _JUDGE
     if _JUDGE is None:
-        from bench.stt_anchors import whisper_transcriber
+        from engine.bench import whisper_judge
 
-        _JUDGE = whisper_transcriber(beam_size=5)
-    from engine.wavfile import resample
-
-    return _JUDGE(resample(audio.astype(np.float32), vocoder.SAMPLE_RATE, 16000))[0]
+        _JUDGE = whisper_judge("tiny.en")
+    return _JUDGE(audio, vocoder.SAMPLE_RATE)
 
 
 @torch.no_grad()
@@ -208,12 +208,33 @@ def export_best(cfg: dict) -> None:
 
 
 def new_model(cfg: dict) -> TtsModel:
-    """Random weights of the configured size, or init_from's weights, size and feature statistics."""
+    """Random weights of the configured size, or init_from's weights, size and feature
+    statistics (grown by grow_decoder blocks)."""
     if cfg["init_from"]:
         from engine.tts import load_model
 
-        return load_model(Path(cfg["init_from"]))
+        return grow_decoder(load_model(Path(cfg["init_from"])), cfg["grow_decoder"])
+    if cfg["grow_decoder"]:
+        raise SystemExit("grow_decoder needs init_from (a trained model to grow)")
     return TtsModel(TtsConfig(cfg["width"], cfg["encoder_depth"], cfg["decoder_depth"], cfg["mlp_ratio"], cfg["lookahead"]))
+
+
+def grow_decoder(model: TtsModel, blocks: int) -> TtsModel:
+    """The model with `blocks` more decoder blocks after its own. Each new block's output
+    projections start at zero, so it passes its input through: the grown model speaks exactly
+    as the trained one did, and training adds capacity from there (cheaper than a bigger model
+    from scratch)."""
+    if blocks == 0:
+        return model
+    depth = model.config.decoder_depth
+    grown = TtsModel(replace(model.config, decoder_depth=depth + blocks))
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("decoder.blocks.") for name in missing), (missing, unexpected)
+    for block in grown.decoder.blocks[depth:]:
+        for projection in (block.out, block.mlp_out):
+            torch.nn.init.zeros_(projection.weight)
+            torch.nn.init.zeros_(projection.bias)
+    return grown.eval()
 
 
 def main(argv: list[str]) -> None:
