@@ -40,3 +40,8 @@ def test_growing_needs_a_trained_model():
     with pytest.raises(SystemExit, match="init_from"):
         new_model({"init_from": "", "grow_decoder": 2, "width": 32, "encoder_depth": 1, "decoder_depth": 2,
                    "mlp_ratio": 2, "lookahead": 2})
+
+
+def test_a_decoder_cannot_shrink():
+    with pytest.raises(SystemExit, match="only grow"):
+        grow_decoder(_small_model(), -1)

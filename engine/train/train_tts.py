@@ -224,6 +224,8 @@ def grow_decoder(model: TtsModel, blocks: int) -> TtsModel:
     projections start at zero, so it passes its input through: the grown model speaks exactly
     as the trained one did, and training adds capacity from there (cheaper than a bigger model
     from scratch)."""
+    if blocks < 0:
+        raise SystemExit(f"grow_decoder={blocks}: a model can only grow (0 or more blocks)")
     if blocks == 0:
         return model
     depth = model.config.decoder_depth
