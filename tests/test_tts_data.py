@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from engine.train.tts_data import check_teacher_settings
+from engine.train.tts_data import PIPER_NOISE, check_teacher_settings
 
 DETERMINISTIC = {"noise_scale": 0.0, "noise_w": 0.0}
-PIPER_DEFAULT = {"noise_scale": 0.667, "noise_w": 0.8}
+PIPER_DEFAULT = PIPER_NOISE
 
 
 def test_a_new_folder_records_its_teacher_settings(tmp_path):

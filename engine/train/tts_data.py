@@ -46,6 +46,7 @@ MIX = {"corpus": 0.6, "assistant": 0.4}  # share of each text source
 # envelope loss (0.20). Without noise each text has one target, and Piper is no less clear
 # (Whisper tiny.en WER 0.078 against 0.086 on the 200 held-out lines).
 TEACHER_NOISE = {"noise_scale": 0.0, "noise_w": 0.0}
+PIPER_NOISE = {"noise_scale": 0.667, "noise_w": 0.8}  # its config's own: the draws before TEACHER_NOISE
 
 # -- assistant-style replies ------------------------------------------------------------------
 
@@ -291,7 +292,7 @@ def check_teacher_settings(out: Path, teacher: dict) -> None:
     if record.exists():
         recorded = json.loads(record.read_text())
     elif any(out.glob("shard_*.npz")):
-        recorded = {"noise_scale": 0.667, "noise_w": 0.8}
+        recorded = PIPER_NOISE
     else:
         record.write_text(json.dumps(teacher) + "\n")
         return
