@@ -19,7 +19,6 @@ far (engine/turn.py: "my number is" leaves a turn open however long the caller d
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -34,7 +33,7 @@ from .audio import (FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, FrameSta
                     to_finite_float, to_float)
 from .beam import CtcBeamSearch
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
-from .inference import FrozenStack, PackedLinear, gelu_for, int8_supported
+from .inference import FrozenStack, PackedLinear, cached_freeze, gelu_for, int8_supported
 from .lm import SHIPPED_LM, NgramLm, load_lm
 from .ssm import BlockState, RecurrentStack
 from .turn import SHIPPED_TURNS, TurnCompletion, load_turns
@@ -167,21 +166,12 @@ def resolve_precision(model: SttModel, precision: str = "auto") -> str:
     return precision
 
 
-_FROZEN: "weakref.WeakKeyDictionary[SttModel, tuple[tuple, FrozenSttModel]]" = weakref.WeakKeyDictionary()
-
-
 def streaming_model(model: SttModel, precision: str = "auto") -> Union[SttModel, FrozenSttModel]:
     """What steps a stream: for "float" the model itself (the reference: any device, any dtype),
-    for "int8" its frozen form (CPU); see resolve_precision. Freezing takes about 15 ms, so the
-    frozen form is kept per model and made again only when a weight has changed since (an
-    optimizer step or load_state_dict bumps the tensor's version)."""
+    for "int8" its frozen form (CPU; see resolve_precision), kept per model (cached_freeze)."""
     if resolve_precision(model, precision) == "float":
         return model.eval()
-    version = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    cached = _FROZEN.get(model)
-    if cached is None or cached[0] != version:
-        cached = _FROZEN[model] = (version, FrozenSttModel(model.eval()))
-    return cached[1]
+    return cached_freeze(model, "int8", lambda m: FrozenSttModel(m.eval()))
 
 
 def encode_text(text: str) -> list[int]:

@@ -46,6 +46,7 @@ N_FEATURES = 2 + N_BANDS + N_AP
 LOG_FLOOR = 1e-10  # power floor before the log
 HARMONIC_GAIN = 1.325  # fitted: log frame energies match the teacher (bench/tts_vocoder_ceiling.py --calibrate)
 NOISE_GAIN = 0.897  # fitted likewise on unvoiced frames
+HARMONIC_FLOOR = 1e-3  # amplitude (-60 dB) under a frame's loudest harmonic below which a harmonic is dropped
 
 
 def _mel(hz):
@@ -115,15 +116,25 @@ def _hash32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
+NOISE_PERIOD = 1 << 20  # samples of noise before it repeats (47.6 s): one table lookup per sample
+
+
 def counter_noise(start: Tensor, n: int) -> Tensor:
     """Deterministic white noise for samples start..start+n-1 of each stream ([B] -> [B, n]),
-    uniform in [-sqrt(3), sqrt(3)] (unit variance); depends only on the sample index.
+    uniform in [-sqrt(3), sqrt(3)] (unit variance); depends only on the sample index (modulo
+    NOISE_PERIOD), so streaming == offline for any split into calls.
 
     An integer hash, not the shader trick frac(sin(i a) b): that one is a sinusoid at
-    a rad/sample (1.5 kHz here) plus DC in disguise, with 87 % of its power in two bins."""
-    index = start[:, None] + torch.arange(n, device=start.device)[None]
-    bits = _hash32(_hash32(index & 0xFFFFFFFF) ^ (index >> 32))
-    return (bits.float() / 2.0 ** 32 * 2 - 1) * math.sqrt(3.0)
+    a rad/sample (1.5 kHz here) plus DC in disguise, with 87 % of its power in two bins. The
+    hash is tabulated once: hashing each chunk took ~25 small ops, 14 % of the vocoder's time."""
+    index = (start[:, None] + torch.arange(n, device=start.device)[None]) & (NOISE_PERIOD - 1)
+    return torch.take(_noise_table(start.device), index)
+
+
+@functools.lru_cache(maxsize=None)
+def _noise_table(device: torch.device) -> Tensor:
+    bits = _hash32(_hash32(torch.arange(NOISE_PERIOD, dtype=torch.long)))
+    return ((bits.float() / 2.0 ** 32 * 2 - 1) * math.sqrt(3.0)).to(device)
 
 
 def _min_phase_on_grid(log_bands: Tensor) -> Tensor:
@@ -242,7 +253,11 @@ def _noise_filter(envelope: Tensor, ap: Tensor, voiced: Tensor) -> Tensor:
     return torch.sqrt(power * ratio)
 
 
-SYNTH_CHUNK = 8  # frames vectorised at once: larger chunks only grow the temporaries
+# Frames vectorised at once, across the batch: the temporaries grow with frames x streams
+# (5 MB for 32), and per-chunk op overhead shrinks with them (one stream on an AVX2 CPU: the
+# vocoder's RTF 0.026 at 8 frames, 0.020 at 16, 0.018 at 32). Never fewer than 8 per stream.
+SYNTH_FRAMES = 32
+MIN_SYNTH_CHUNK = 8
 
 
 @torch.no_grad()
@@ -255,8 +270,9 @@ def synthesize(features: Tensor, state: VocoderState | None = None) -> tuple[Ten
     batch, device = features.shape[0], features.device
     state = state if state is not None else VocoderState.zeros(batch, device)
     pieces = [torch.zeros(batch, 0, device=device)]
-    for start in range(0, features.shape[1], SYNTH_CHUNK):
-        audio, state = _synthesize_chunk(features[:, start:start + SYNTH_CHUNK], state)
+    chunk = max(MIN_SYNTH_CHUNK, SYNTH_FRAMES // batch)
+    for start in range(0, features.shape[1], chunk):
+        audio, state = _synthesize_chunk(features[:, start:start + chunk], state)
         pieces.append(audio)
     return torch.cat(pieces, dim=1), state
 
@@ -273,6 +289,9 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     # The envelope is a power density: each harmonic carries the power of one f0-wide band,
     # A² ∝ P f0 (measured: the teacher/synth energy ratio tracks f0^-1.2 with A ∝ P^½ f0).
     amps = torch.sqrt(power * (1 - aperiodic) * 2 * f0[..., None] / SAMPLE_RATE) * HARMONIC_GAIN * below_nyquist
+    # Harmonics 60 dB under the frame's loudest are silent: dropping them skips a third of the
+    # cosines (the upper ones, mostly aperiodic), frame by frame so any chunking agrees.
+    amps = amps * (amps >= amps.amax(dim=-1, keepdim=True) * HARMONIC_FLOOR)
     offsets = _min_phase_at(flat(envelope), flat(freqs)).view(batch, frames, -1)
 
     # Parameters glide linearly from the previous frame to this one across the hop; an onset
@@ -293,13 +312,12 @@ def _synthesize_chunk(features: Tensor, state: VocoderState) -> tuple[Tensor, Vo
     active = ((amps.abs().amax(dim=(0, 1)) > 0) | (prev_amps.abs().amax(dim=(0, 1)) > 0)).nonzero().flatten()
     if len(active):
         # sum_k (a0_k + (a1_k - a0_k) r) cos(k phase) = C @ a0 + r (C @ (a1 - a0)), C = cos(k phase):
-        # two batched matmuls instead of materialising the [B, T, HOP, k] amplitude glide.
-        # The angles k phase + offset_k + glide_k r as one product: rows (phase, r, 1) times
-        # columns (k, glide_k, offset_k), instead of four broadcast passes over [B, T, HOP, k].
+        # a batched matmul instead of materialising the [B, T, HOP, k] amplitude glide.
+        # The angles k phase + offset_k + glide_k r in two fused passes over [B, T, HOP, k]
+        # (14 % faster than one batched matmul with an inner size of 3 on an AVX2 CPU).
         k = int(active[-1]) + 1
-        rows = torch.stack([phase_f, ramp.expand_as(phase_f), torch.ones_like(phase_f)], dim=-1)
-        columns = torch.stack([harmonics[:k].expand(batch, frames, k), offset_glide[..., :k], start_offsets[..., :k]], dim=-2)
-        cosines = torch.bmm(rows.view(batch * frames, HOP, 3), columns.view(batch * frames, 3, k)).cos_()
+        angles = torch.addcmul(start_offsets[..., None, :k], ramp[:, None], offset_glide[..., None, :k])
+        cosines = angles.addcmul_(phase_f[..., None], harmonics[:k]).cos_().view(batch * frames, HOP, k)
         glide = torch.stack([prev_amps[..., :k], (amps - prev_amps)[..., :k]], dim=-1).view(batch * frames, k, 2)
         start_and_slope = torch.bmm(cosines, glide).view(batch, frames, HOP, 2)
         harmonic = start_and_slope[..., 0] + start_and_slope[..., 1] * ramp

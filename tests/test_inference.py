@@ -1,4 +1,4 @@
-"""The step-only frozen form (engine/inference.py): the same math and state as RecurrentStack.step."""
+"""The frozen forms (engine/inference.py): the same math and state as RecurrentStack.step and .forward."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from engine.inference import FrozenStack, PackedLinear, int8_supported
 from engine.ssm import RecurrentStack
 from engine.stt import FrozenSttModel, SttConfig, SttModel, streaming_model
+from engine.tts import FrozenTts, TtsConfig, TtsModel, inference_model
 
 needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this torch build has no int8 weight-only matmul")
 
@@ -97,3 +98,50 @@ def test_precision_choice():
         streaming_model(model, "fp8")
     half = SttModel(SttConfig(width=32, depth=1)).to(torch.bfloat16)
     assert streaming_model(half, "auto") is half  # asked for bf16: steps in bf16
+
+
+@pytest.mark.parametrize("chunks", [[1, 7, 32, 5], [40]])
+@torch.no_grad()
+def test_frozen_fp32_stack_scans_like_the_stack(chunks):
+    """FrozenStack.scan (T frames at once, as the TTS renders) equals RecurrentStack.forward,
+    state carried across calls of any length."""
+    stack = trained_looking(RecurrentStack(40, 2, 1, 2), seed=len(chunks))
+    frozen = FrozenStack(stack, int8=False)
+    state, frozen_state = stack.initial_state(2), frozen.initial_state(2)
+    for frames in chunks:
+        x = torch.randn(2, frames, 40) * 2
+        y, state = stack(x, state)
+        z, frozen_state, norm_gain = frozen.scan(x, frozen_state)
+        torch.testing.assert_close(z * norm_gain * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
+        for ours, theirs in zip(frozen_state, state):
+            torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_frozen_tts_encodes_and_decodes_like_the_model():
+    model = trained_looking(TtsModel(TtsConfig(width=32, encoder_depth=2, decoder_depth=2)), seed=3)
+    frozen = FrozenTts(model)
+    ids = torch.randint(1, 40, (2, 9))
+    encoder_state, history = model.encoder.initial_state(2), torch.randn(2, model.config.lookahead, 32)
+    vectors, state, new_history = model.encode(ids, encoder_state, history)
+    frozen_vectors, frozen_state, frozen_history = frozen.encode(ids, encoder_state, history)
+    torch.testing.assert_close(frozen_vectors, vectors, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(frozen_history, new_history)
+    torch.testing.assert_close(frozen_state[-1].h, state[-1].h, atol=1e-5, rtol=1e-5)
+    frames, positions = torch.randn(2, 12, 32), torch.rand(2, 12, 3)
+    outputs, state = model.decode(frames, positions, model.decoder.initial_state(2))
+    frozen_outputs, frozen_state = frozen.decode(frames, positions, model.decoder.initial_state(2))
+    torch.testing.assert_close(frozen_outputs, outputs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(frozen_state[-1].conv, state[-1].conv, atol=1e-5, rtol=1e-5)
+
+
+def test_tts_runs_its_frozen_form_on_cpu_until_a_weight_changes():
+    model = TtsModel(TtsConfig(width=32, encoder_depth=1, decoder_depth=1))
+    first = inference_model(model)
+    assert isinstance(first, FrozenTts) and inference_model(model) is first
+    with torch.no_grad():
+        model.feature_head.bias.add_(1.0)  # as an optimizer step would
+    assert inference_model(model) is not first
+    half = TtsModel(TtsConfig(width=32, encoder_depth=1, decoder_depth=1)).to(torch.bfloat16)
+    assert inference_model(half) is half  # half precision runs the model itself

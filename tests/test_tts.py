@@ -99,8 +99,12 @@ def test_vocoder_chunking_is_exact():
 def test_vocoder_noise_is_white():
     """The noise source is white (no tone, no DC) and depends only on the sample index:
     an earlier hash hid a 1.5 kHz tone and DC holding most of its power."""
-    noise = vocoder.counter_noise(torch.tensor([0, 3 * 2 ** 32 + 7]), 2 ** 15)
+    noise = vocoder.counter_noise(torch.tensor([0, 3 * 2 ** 32 + 7919]), 2 ** 15)
     assert torch.equal(vocoder.counter_noise(torch.tensor([1000]), 64)[0], noise[0, 1000:1064])
+    # a table of NOISE_PERIOD samples (47.6 s), read round and round
+    wrapped = vocoder.counter_noise(torch.tensor([vocoder.NOISE_PERIOD - 32]), 64)[0]
+    assert torch.equal(wrapped[32:], noise[0, :32])
+    assert not torch.equal(wrapped[:32], noise[0, :32])
     for x in noise.numpy():
         assert abs(x.mean()) < 0.05 and abs(x.var() - 1) < 0.05
         power = (np.abs(np.fft.rfft(x.reshape(-1, 1024) * np.hanning(1024), axis=1)) ** 2).mean(0)
