@@ -71,9 +71,13 @@ def log_mel_windows(windows: Tensor) -> Tensor:
     if windows.numel() == 0:  # MKL's FFT rejects empty batches
         return windows.new_zeros(*windows.shape[:-1], N_MELS)
     frames = windows * _window().to(windows.device)
-    power = torch.fft.rfft(frames, n=N_FFT).abs().pow(2)
+    power = torch.fft.rfft(frames, n=N_FFT).abs().pow_(2)
     mel = power @ mel_filters().to(windows.device).T
-    return (torch.log(mel + LOG_FLOOR) - LOG_MEL_MEAN) / LOG_MEL_STD
+    # in place on fresh tensors: a 20 ms push is two windows, where each op's fixed cost counts
+    return torch.log(mel.add_(LOG_FLOOR)).sub_(LOG_MEL_MEAN).div_(LOG_MEL_STD)
+
+
+_WINDOW_OFFSETS = np.arange(N_FFT)
 
 
 class StreamingWindows:
@@ -89,9 +93,10 @@ class StreamingWindows:
         if count == 0:
             self._pending = pending
             return np.zeros((0, N_FFT), np.float32)
-        windows = np.lib.stride_tricks.sliding_window_view(pending, N_FFT)[::HOP_LENGTH][:count]
+        # gathered by index (a copy that owns its memory); sliding_window_view took 25x longer
+        windows = pending[np.arange(count)[:, None] * HOP_LENGTH + _WINDOW_OFFSETS]
         self._pending = pending[count * HOP_LENGTH:]
-        return windows.copy()  # owns its memory: a one-row view would still be read-only
+        return windows
 
 
 class StreamingLogMel:
