@@ -383,7 +383,7 @@ class SttStepper(SlotTable):
     def open(self, session_id: str) -> RuntimeSttStream:
         return self._open(lambda slot: RuntimeSttStream(self, session_id, slot))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def warm_up(self) -> None:
         """One throwaway batched step (kernels, allocator) that touches no slot."""
         rows = min(WARM_UP_ROWS, self.max_streams)
@@ -392,7 +392,7 @@ class SttStepper(SlotTable):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self) -> StepReport:
         streams = self.streams()
         report = StepReport()
@@ -649,7 +649,7 @@ class TtsStepper(SlotTable):
         if len(audio) == 0:
             raise RuntimeError("TTS warm-up produced no audio")
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self) -> StepReport:
         streams = self.streams()
         report = StepReport()

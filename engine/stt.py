@@ -386,7 +386,7 @@ class Recognizer:
         self.state = model.initial_state(1)
         self.decoder = StreamDecoder(resolve_lm(lm), resolve_turns(turns), turn_end_probability)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def push(self, pcm: np.ndarray) -> list[SttEvent]:
         """int16 (or float in [-1, 1]) 16 kHz mono -> events caused by this audio."""
         stacked = self.stacker.push(self.features.push(to_finite_float(pcm)))
@@ -401,7 +401,7 @@ class Recognizer:
         return self.decoder.flush()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def transcribe(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> str:
     """Offline transcription of one utterance (float or int16, 16 kHz): the beam search with
     the language model, or greedy CTC when lm is None (training selects checkpoints so)."""

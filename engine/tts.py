@@ -261,7 +261,7 @@ class Schedule:
         return torch.cat(vectors), torch.cat(positions).to(vectors[0].device), marks
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def encode_ids(model: TtsModel, schedule: Schedule, ids: list[int], labels: list[Optional[str]],
                encoder_state: list[BlockState], history: Tensor) -> tuple[list[BlockState], Tensor]:
     """Feed one stream's new ids (batch of one) to the encoder; ids whose lookahead is now
@@ -322,7 +322,7 @@ def inference_model(model: TtsModel) -> Union[TtsModel, FrozenTts]:
     return cached_freeze(model, "tts", FrozenTts)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def render(model: TtsModel, frame_vectors: Tensor, positions: Tensor, decoder_state: list[BlockState],
            vocoder_state: vocoder.VocoderState) -> tuple[Tensor, list[BlockState], vocoder.VocoderState]:
     """Frames of any batch of streams [B, T, w], [B, T, 3] -> (audio [B, T * HOP], states)."""
@@ -413,7 +413,7 @@ def synthesize_offline(model: TtsModel, text: str) -> tuple[np.ndarray, list[Wor
     return audio, synth.word_marks
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def synthesize_parallel(model: TtsModel, ids: list[int]) -> np.ndarray:
     """The fully parallel path (training-style forward with predicted durations): float audio.
     Used to check the streaming path against, and for fast evaluation."""

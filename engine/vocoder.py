@@ -260,7 +260,7 @@ SYNTH_FRAMES = 32
 MIN_SYNTH_CHUNK = 8
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def synthesize(features: Tensor, state: VocoderState | None = None) -> tuple[Tensor, VocoderState]:
     """Frames [B, T, N_FEATURES] -> (audio [B, T * HOP], state after the last frame).
 
