@@ -48,7 +48,8 @@ def gelu_for(int8: bool):
 
 
 class PackedLinear:
-    """y = x W^T + b for inference only: W fp32, or int8 with a bf16 scale per output row."""
+    """y = x W^T + b for inference only: W fp32 (kept as W^T, [in, out]), or int8 ([out, in],
+    as the kernel wants it) with a bf16 scale per output row."""
 
     def __init__(self, weight: Tensor, bias: Tensor, int8: bool) -> None:
         weight, self.bias = weight.detach().float(), bias.detach().float()
@@ -61,7 +62,7 @@ class PackedLinear:
             quantized = torch.round(weight / self.scale.float()[:, None]).clamp(-127, 127)
             self.weight = quantized.to(torch.int8).contiguous()
         else:
-            self.weight, self.scale = weight.T.contiguous(), None  # [in, out]: x @ W^T without a transpose
+            self.weight, self.scale = weight.T.contiguous(), None  # MKL multiplies this layout faster
 
     @classmethod
     def concat(cls, layers: list[nn.Linear], int8: bool, input_gain: Tensor | None = None) -> "PackedLinear":
