@@ -24,6 +24,16 @@ def trained_looking(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module.eval()
 
 
+def assert_same_outputs_and_states(stack: RecurrentStack, frozen_result: tuple, stack_result: tuple) -> None:
+    """A FrozenStack's (output before the final norm, state, norm gain) against the stack's (output, state)."""
+    z, frozen_state, norm_gain = frozen_result
+    y, state = stack_result
+    torch.testing.assert_close(z * norm_gain * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
+    for ours, theirs in zip(frozen_state, state):
+        torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("width, depth, expand, mlp_ratio", [(48, 2, 1, 2), (32, 3, 2, 3)])
 @torch.no_grad()
 def test_frozen_fp32_stack_steps_like_the_stack(width, depth, expand, mlp_ratio):
@@ -34,10 +44,7 @@ def test_frozen_fp32_stack_steps_like_the_stack(width, depth, expand, mlp_ratio)
         x = torch.randn(3, width) * 2
         y, state = stack.step(x, state)
         z, frozen_state, norm_gain = frozen.step(x, frozen_state)
-        torch.testing.assert_close(z * norm_gain * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
-        for ours, theirs in zip(frozen_state, state):
-            torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
+        assert_same_outputs_and_states(stack, (z, frozen_state, norm_gain), (y, state))
 
 
 @torch.no_grad()
@@ -112,10 +119,7 @@ def test_frozen_fp32_stack_scans_like_the_stack(chunks):
         x = torch.randn(2, frames, 40) * 2
         y, state = stack(x, state)
         z, frozen_state, norm_gain = frozen.scan(x, frozen_state)
-        torch.testing.assert_close(z * norm_gain * stack.final_norm.weight, y, atol=1e-5, rtol=1e-5)
-        for ours, theirs in zip(frozen_state, state):
-            torch.testing.assert_close(ours.conv, theirs.conv, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(ours.h, theirs.h, atol=1e-5, rtol=1e-5)
+        assert_same_outputs_and_states(stack, (z, frozen_state, norm_gain), (y, state))
 
 
 @torch.no_grad()
