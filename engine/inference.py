@@ -81,6 +81,12 @@ class PackedLinear:
         return product + self.bias if row_gain is None else torch.addcmul(self.bias, product, row_gain)
 
 
+def halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The two column halves of rows [N, 2 C] (two slices: a third of split's cost at batch 1)."""
+    half = x.shape[1] // 2
+    return x[:, :half], x[:, half:]
+
+
 def rms_gain(x: Tensor, eps: Tensor) -> Tensor:
     """1 / RMS(x) per row [B, 1], as RMSNorm computes it (few ops: each costs microseconds here)."""
     return torch.rsqrt(torch.add(eps, (x * x).sum(-1, keepdim=True), alpha=1.0 / x.shape[-1]))
@@ -108,7 +114,7 @@ class FrozenBlock:
         """x [B, width] fp32 one frame -> (y [B, width], new state)."""
         # Written for few ops rather than few lines: at batch 1 each op's fixed cost (µs)
         # outweighs its arithmetic. Python scalars are avoided for the same reason.
-        gate, branch = self.branches(x, rms_gain(x, self.eps)).split(self.expanded, dim=1)
+        gate, branch = halves(self.branches(x, rms_gain(x, self.eps)))
         window = torch.cat([state.conv.float(), branch[:, None]], dim=1)  # [B, kernel, expanded]
         conv_out = (window * self.conv_taps).sum(1) + self.conv_bias
         log_decay, gated = self._recurrence_inputs(conv_out)
@@ -119,7 +125,7 @@ class FrozenBlock:
         """x [B, T, width] fp32, T frames at once (RecurrentBlock.forward) -> (y [B, T, width], new state)."""
         batch, frames, width = x.shape
         x = x.reshape(batch * frames, width)
-        gate, branch = self.branches(x, rms_gain(x, self.eps)).split(self.expanded, dim=1)
+        gate, branch = halves(self.branches(x, rms_gain(x, self.eps)))
         padded = torch.cat([state.conv.float(), branch.view(batch, frames, -1)], dim=1)  # [B, T + kernel - 1, E]
         windows = padded.unfold(1, CONV_KERNEL, 1)  # [B, T, E, kernel]
         conv_out = (windows * self.channel_taps).sum(-1).view(batch * frames, -1) + self.conv_bias
@@ -130,7 +136,7 @@ class FrozenBlock:
 
     def _recurrence_inputs(self, conv_out: Tensor) -> tuple[Tensor, Tensor]:
         """RG-LRU gates of the conv output -> (log decay, gated and normalised input)."""
-        input_gate, recurrence_gate = torch.sigmoid(self.gates(conv_out)).split(self.expanded, dim=1)
+        input_gate, recurrence_gate = halves(torch.sigmoid(self.gates(conv_out)))
         log_decay = self.log_decay_rate * recurrence_gate
         # sqrt(1 - decay²) = sqrt(-expm1(2 log decay)), as RGLRU computes it
         norm = torch.sqrt(torch.maximum(torch.expm1(log_decay + log_decay).neg_(), self.min_norm))
@@ -139,7 +145,7 @@ class FrozenBlock:
     def _mix_out(self, x: Tensor, gate: Tensor, h: Tensor) -> Tensor:
         """The residual recurrent branch, then the residual gated MLP, on rows [N, width]."""
         x = x + self.out(self.gelu(gate) * h)
-        gate, value = self.mlp_in(x, rms_gain(x, self.eps)).chunk(2, dim=1)
+        gate, value = halves(self.mlp_in(x, rms_gain(x, self.eps)))
         return x + self.mlp_out(self.gelu(gate) * value)
 
 
