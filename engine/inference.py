@@ -99,8 +99,7 @@ class FrozenBlock:
         self.expanded, self.eps = block.expanded, torch.tensor([block.norm.eps])
         self.gelu = gelu_for(int8)
         self.branches = PackedLinear.concat([block.gate_branch, block.input_branch], int8, block.norm.weight)
-        self.conv_taps = block.conv.weight.detach().float().T.contiguous()  # [kernel, expanded] for step
-        self.channel_taps = block.conv.weight.detach().float()  # [expanded, kernel] for scan
+        self.conv_taps = block.conv.weight.detach().float().T.contiguous()  # [kernel, expanded]
         self.conv_bias = block.conv.bias.detach().float()
         rglru = block.rglru
         self.gates = PackedLinear.concat([rglru.input_gate, rglru.recurrence_gate], int8)
@@ -128,7 +127,7 @@ class FrozenBlock:
         gate, branch = halves(self.branches(x, rms_gain(x, self.eps)))
         padded = torch.cat([state.conv.float(), branch.view(batch, frames, -1)], dim=1)  # [B, T + kernel - 1, E]
         windows = padded.unfold(1, CONV_KERNEL, 1)  # [B, T, E, kernel]
-        conv_out = (windows * self.channel_taps).sum(-1).view(batch * frames, -1) + self.conv_bias
+        conv_out = (windows * self.conv_taps.T).sum(-1).view(batch * frames, -1) + self.conv_bias
         log_decay, gated = self._recurrence_inputs(conv_out)
         h, last = linear_scan(log_decay.view(batch, frames, -1), gated.view(batch, frames, -1), state.h.float())
         y = self._mix_out(x, gate, h.view(batch * frames, -1))
