@@ -125,3 +125,18 @@ def test_checkpoint_choices_never_look_at_the_blind_voices():
 
     results = {"flite_slt": 0.4, "kokoro_mix_heldout": 0.2, **{name: 0.0 for name in BLIND_FOLDERS}}
     assert selection_wer(results) == pytest.approx(0.3)
+
+
+def test_fine_tune_starts_from_the_given_weights_at_their_size(tmp_path):
+    from engine import weights
+    from engine.train.train_stt import SETTINGS, new_model
+
+    trained = SttModel(SttConfig(width=32, depth=1))
+    path = tmp_path / "small.safetensors"
+    weights.save(trained, trained.config_dict(), path, {})
+    model = new_model({**SETTINGS, "init_from": str(path)})  # the recipe's own width/depth are larger
+    assert model.config_dict() == trained.config_dict()
+    for (name, value), (_, start) in zip(trained.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(value, start), name
+    assert all(p.requires_grad for p in model.parameters())
+    assert new_model(SETTINGS).config_dict()["width"] == SETTINGS["width"]

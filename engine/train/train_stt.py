@@ -6,6 +6,8 @@
     python -m engine.train.train_stt --max_steps=50 --out_dir=runs/stt-smoke --width=64
     # real recordings (wav+txt folders or a LibriSpeech tree), e.g. on a GPU:
     python -m engine.train.train_stt --real_dirs=/data/LibriSpeech/train-clean-100 --device=cuda
+    # fine-tune the shipped weights on new shards (fresh optimizer, the config read from the file):
+    python -m engine.train.train_stt --init_from=engine/weights/stt.safetensors --out_dir=runs/stt-ft --learning_rate=3e-4
     # ship the best checkpoint (only if it beats the shipped weights on the held-out voices):
     python -m engine.train.train_stt --export=1
 
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 
 from engine import weights
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
-from engine.stt import SttConfig, SttModel, encode_text, transcribe
+from engine.stt import SttConfig, SttModel, encode_text, load_model, transcribe
 from engine.train.checkpoints import apply_overrides, log, save_checkpoint
 from engine.train.textnorm import normalize_for_wer
 from engine.wer import word_error_rate
@@ -65,6 +67,7 @@ eval_every = 500
 reset_best = 0  # 1: forget the resumed checkpoint's best WER (after the held-out folders changed)
 seed = 1337
 device = "auto"
+init_from = ""  # a .safetensors or .pt to start from (its size wins over width/depth/...); ignored on resume
 threads = 2
 data_workers = 1
 export = 0
@@ -203,6 +206,13 @@ def evaluate_folders(model: SttModel, cfg: dict) -> dict[str, float]:
     return results
 
 
+def new_model(cfg: dict) -> SttModel:
+    """Random weights of the configured size, or init_from's weights and size."""
+    if cfg["init_from"]:
+        return load_model(Path(cfg["init_from"]))
+    return SttModel(SttConfig(cfg["width"], cfg["depth"], cfg["expand"], cfg["mlp_ratio"]))
+
+
 def export_best(cfg: dict) -> None:
     """Copy best.pt to engine/weights/stt.safetensors if its held-out WER beats the shipped one."""
     best = torch.load(Path(cfg["out_dir"]) / "best.pt", map_location="cpu", weights_only=False)
@@ -213,8 +223,7 @@ def export_best(cfg: dict) -> None:
         raise SystemExit(f"not exported: the model starts a turn on {', '.join(heard)}")
     new_wer = selection_wer(evaluate_folders(model, cfg))
     if SHIPPED.exists():
-        shipped = SttModel(SttConfig(**weights.read_metadata(SHIPPED)[0]))
-        shipped.load_state_dict(weights.load_state(SHIPPED))
+        shipped = load_model(SHIPPED)
         old_wer = selection_wer(evaluate_folders(shipped, cfg))
         if not new_wer < old_wer:
             raise SystemExit(f"not exported: held-out WER {new_wer:.3f} does not beat the shipped {old_wer:.3f}")
@@ -234,7 +243,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(cfg["threads"])
     dev = torch.device("cuda" if cfg["device"] == "auto" and torch.cuda.is_available()
                        else ("cpu" if cfg["device"] == "auto" else cfg["device"]))
-    model = SttModel(SttConfig(cfg["width"], cfg["depth"], cfg["expand"], cfg["mlp_ratio"])).to(dev)
+    model = new_model(cfg).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
     step, best = 0, float("inf")
     checkpoint = out / "ckpt.pt"
@@ -246,7 +255,8 @@ def main(argv: list[str]) -> None:
         log(out, {"event": "resumed", "step": step, "best_wer": best})
     else:
         params = sum(p.numel() for p in model.parameters())
-        log(out, {"event": "start", "parameters": params, "device": str(dev), "settings": cfg})
+        log(out, {"event": "start", "parameters": params, "device": str(dev), "init_from": cfg["init_from"],
+                  "settings": cfg})
 
     dataset = SttDataset(cfg["shard_dirs"].split(","), real=[d for d in cfg["real_dirs"].split(",") if d],
                          seed=cfg["seed"] + step, call_context_share=cfg["call_context_share"],
