@@ -67,7 +67,7 @@ eval_every = 500
 reset_best = 0  # 1: forget the resumed checkpoint's best WER (after the held-out folders changed)
 seed = 1337
 device = "auto"
-init_from = ""  # a .safetensors or .pt to start from (its size wins over width/depth/...); ignored on resume
+init_from = ""  # a .safetensors or .pt to start from (its size wins over width/depth/...); a resume reads its own ckpt.pt
 threads = 2
 data_workers = 1
 export = 0
@@ -243,12 +243,13 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(cfg["threads"])
     dev = torch.device("cuda" if cfg["device"] == "auto" and torch.cuda.is_available()
                        else ("cpu" if cfg["device"] == "auto" else cfg["device"]))
-    model = new_model(cfg).to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
     step, best = 0, float("inf")
     checkpoint = out / "ckpt.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location=dev, weights_only=False)
+    # A resumed run takes its size from its own checkpoint, never from init_from or the settings.
+    state = torch.load(checkpoint, map_location=dev, weights_only=False) if checkpoint.exists() else None
+    model = (SttModel(SttConfig(**state["model_config"])) if state else new_model(cfg)).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
+    if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, best = state["step"], (float("inf") if cfg["reset_best"] else state["best_wer"])
