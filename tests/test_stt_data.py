@@ -249,12 +249,37 @@ def test_retraining_the_end_of_turn_head_leaves_encoder_and_transcripts_alone(sh
     model = R.freeze_all_but_head(SttModel(SttConfig(width=32, depth=1)))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = dict(R.SETTINGS, shard_dirs=str(shard_dir), streams=3, epochs=2)
-    hidden, labels = R.collect(model, cfg)
-    assert len(hidden) == len(labels) > 0 and set(labels.tolist()) <= {SPEECH, PAUSE, END}
-    R.train_head(model, hidden, labels, cfg)
+    hidden, labels, taught = R.collect(model, cfg)
+    assert len(hidden) == len(labels) > 0 and set(labels.tolist()) <= {SPEECH, PAUSE, END} and taught is None
+    R.train_head(model, hidden, labels, taught, cfg)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("eot_head."))
     assert not torch.equal(before["eot_head.weight"], after["eot_head.weight"])
+
+
+def test_a_taught_head_learns_the_teachers_end_of_turn_probabilities(shard_dir):
+    """The teacher here says "pause" on every frame, whatever the labels say; a head
+    taught by it alone must follow it, and one that ignores it must not."""
+    import torch
+
+    from engine.stt import SttConfig, SttModel
+    from engine.train import retrain_eot_head as R
+    torch.manual_seed(0)
+    teacher = SttModel(SttConfig(width=32, depth=1)).eval()
+    with torch.no_grad():
+        teacher.eot_head.weight.zero_()
+        teacher.eot_head.bias.copy_(torch.tensor([0.0, 6.0, 0.0]))
+    pause_share = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(1)
+        student = R.freeze_all_but_head(SttModel(SttConfig(width=32, depth=1)))
+        cfg = dict(R.SETTINGS, shard_dirs=str(shard_dir), streams=3, epochs=30, teacher_weight=weight)
+        hidden, labels, taught = R.collect(student, cfg, teacher)
+        assert taught.shape == (len(labels), 3) and torch.allclose(taught.sum(-1), torch.ones(len(labels)))
+        R.train_head(student, hidden, labels, taught, cfg)
+        with torch.no_grad():
+            pause_share[weight] = float((student.eot_head(hidden).argmax(-1) == PAUSE).float().mean())
+    assert pause_share[1.0] > 0.95 > pause_share[0.0]
 
 
 def test_shard_format(shard_dir):

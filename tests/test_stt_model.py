@@ -140,3 +140,27 @@ def test_fine_tune_starts_from_the_given_weights_at_their_size(tmp_path):
         assert torch.equal(value, start), name
     assert all(p.requires_grad for p in model.parameters())
     assert new_model(SETTINGS).config_dict()["width"] == SETTINGS["width"]
+
+
+def test_an_end_of_turn_teacher_pulls_the_head_towards_its_probabilities():
+    """Taught by a copy of itself, the end-of-turn loss has nothing left to teach (zero
+    gradient on the head); taught by another model, or by the labels alone, it has."""
+    import copy
+
+    from engine.train.train_stt import SETTINGS, collate, losses
+
+    torch.manual_seed(0)
+    model = SttModel(SttConfig(width=32, depth=1))
+    rng = np.random.default_rng(0)
+    batch = collate([{"audio": rng.normal(0, 0.1, 16000).astype(np.float32), "text": "yes",
+                      "eot": rng.integers(0, 3, 25).astype(np.int8)} for _ in range(2)], torch.device("cpu"))
+
+    def head_gradient(teacher, weight):
+        model.zero_grad()
+        _, eot_loss = losses(model, batch, {**SETTINGS, "eot_teacher_weight": weight}, teacher)
+        eot_loss.backward()
+        return float(model.eot_head.weight.grad.abs().max())
+
+    assert head_gradient(copy.deepcopy(model).eval(), 1.0) < 1e-6
+    assert head_gradient(SttModel(SttConfig(width=32, depth=1)).eval(), 1.0) > 1e-4
+    assert head_gradient(None, 1.0) > 1e-4  # no teacher: the labels

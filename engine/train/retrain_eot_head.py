@@ -2,6 +2,7 @@
 
     python -m engine.train.retrain_eot_head --weights_path=runs/stt/ckpt.pt   # -> runs/stt-head/stt.safetensors
     python -m engine.train.retrain_eot_head --weights_path=runs/stt/ckpt.pt --export=1   # and ship it
+    python -m engine.train.retrain_eot_head --weights_path=runs/stt-ft/best.pt --teacher=engine/weights/stt.safetensors
 
 The head is one linear layer (3 x 257 weights) over the encoder's output. Retrained on cached
 encoder outputs it takes minutes on a CPU where the whole model takes hours, and it changes
@@ -12,7 +13,12 @@ tones or echo residue, and (b) says "end of turn" after short complete answers.
 
 Examples come from the training stream (stt_data.SttDataset: augmented speech with its
 per-frame labels, line noise, echo residue), 1-4 joined into one stream, so the head also
-learns from the long-running state of a call. An export must pass the same guard as
+learns from the long-running state of a call.
+
+After a fine-tune of the encoder (new voices), `teacher` keeps the turn-taking the product
+was tuned on: the new head learns the teacher model's end-of-turn probabilities on the same
+audio (`teacher_weight` of the loss; the rest is the labels), instead of finding its own
+trade-off between early and late turn ends. An export must pass the same guard as
 train_stt's (no turn on non-speech) and may not lose held-out WER.
 """
 
@@ -21,17 +27,19 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from engine import weights
 from engine.audio import log_mel, stack_frames
 from engine.stt import SttModel, load_model
 from engine.train.checkpoints import apply_overrides
 from engine.train.stt_data import EOT_FRAME, SttDataset
-from engine.train.train_stt import SHIPPED, evaluate_folders, hears_non_speech, selection_wer
+from engine.train.train_stt import SHIPPED, distilled_eot_loss, evaluate_folders, hears_non_speech, selection_wer
 
 # -- configuration ----------------------------------------------------------------------------
 weights_path = "runs/stt/ckpt.pt"  # the trained model whose encoder is kept
@@ -46,6 +54,8 @@ seed = 3
 epochs = 8
 learning_rate = 3e-3
 class_weights = (1.0, 1.0, 6.0)  # speech, pause, end: turn ends are rare and must be sure
+teacher = ""  # a model whose end-of-turn probabilities the new head learns (e.g. the shipped weights)
+teacher_weight = 1.0  # share of the loss that follows the teacher; the rest follows the labels
 export = 0
 # ---------------------------------------------------------------------------------------------
 
@@ -69,11 +79,13 @@ def whole_frames(audio: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return audio[:n]
 
 
-def collect(model: SttModel, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def collect(model: SttModel, cfg: dict, teacher: Optional[SttModel] = None
+            ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Encoder outputs, labels and (with a teacher) the teacher's P(speech, pause, end) per frame."""
     examples = iter(SttDataset(cfg["shard_dirs"].split(","), seed=cfg["seed"], non_speech_share=cfg["non_speech_share"],
                                echo_residue_share=cfg["echo_residue_share"]))
     rng = np.random.default_rng(cfg["seed"])
-    hidden, labels = [], []
+    hidden, labels, taught = [], [], []
     for k in range(cfg["streams"]):
         joined = [next(examples) for _ in range(int(rng.integers(1, 5)))]
         audio = np.concatenate([whole_frames(e["audio"], e["eot"]) for e in joined])
@@ -82,9 +94,12 @@ def collect(model: SttModel, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
         n = min(len(h), len(eot))
         hidden.append(h[:n])
         labels.append(torch.from_numpy(eot[:n].astype(np.int64)))
+        if teacher is not None:
+            with torch.no_grad():
+                taught.append(teacher.eot_head(encoder_output(teacher, audio)[:n]).softmax(-1))
         if k % 100 == 0:
             print(f"stream {k}/{cfg['streams']}", flush=True)
-    return torch.cat(hidden), torch.cat(labels)
+    return torch.cat(hidden), torch.cat(labels), torch.cat(taught) if taught else None
 
 
 def freeze_all_but_head(model: SttModel) -> SttModel:
@@ -93,7 +108,16 @@ def freeze_all_but_head(model: SttModel) -> SttModel:
     return model
 
 
-def train_head(model: SttModel, hidden: torch.Tensor, labels: torch.Tensor, cfg: dict) -> None:
+def head_loss(logits: Tensor, labels: Tensor, taught: Optional[Tensor], class_weights: Tensor,
+              teacher_weight: float) -> Tensor:
+    """Cross-entropy against the labels, blended with a soft cross-entropy against the teacher."""
+    loss = F.cross_entropy(logits, labels, weight=class_weights)
+    if taught is None:
+        return loss
+    return (1.0 - teacher_weight) * loss + teacher_weight * distilled_eot_loss(logits, taught)
+
+
+def train_head(model: SttModel, hidden: Tensor, labels: Tensor, taught: Optional[Tensor], cfg: dict) -> None:
     head = model.eot_head
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg["learning_rate"], weight_decay=0.0)
     class_weights = torch.tensor(cfg["class_weights"], dtype=torch.float32)
@@ -101,7 +125,8 @@ def train_head(model: SttModel, hidden: torch.Tensor, labels: torch.Tensor, cfg:
     for epoch in range(cfg["epochs"]):
         total = 0.0
         for idx in torch.randperm(len(labels), generator=generator).split(4096):
-            loss = F.cross_entropy(head(hidden[idx]), labels[idx], weight=class_weights)
+            loss = head_loss(head(hidden[idx]), labels[idx], None if taught is None else taught[idx],
+                             class_weights, cfg["teacher_weight"])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -117,15 +142,17 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(cfg["seed"])
     started = time.time()
     model = freeze_all_but_head(load_model(Path(cfg["weights_path"])).float())
-    hidden, labels = collect(model, cfg)
-    train_head(model, hidden, labels, cfg)
+    teacher = load_model(Path(cfg["teacher"])).float().eval() if cfg["teacher"] else None
+    hidden, labels, taught = collect(model, cfg, teacher)
+    train_head(model, hidden, labels, taught, cfg)
     model.eval()
     heard = hears_non_speech(model)
     if heard:
         raise SystemExit(f"not saved: the model starts a turn on {', '.join(heard)}")
     wer = selection_wer(evaluate_folders(model, cfg))
     info = {"held_out_wer": wer, "encoder": cfg["weights_path"], "eot_head": "retrained on a frozen encoder "
-            f"({cfg['streams']} streams, seed {cfg['seed']}, {len(labels)} frames)"}
+            f"({cfg['streams']} streams, seed {cfg['seed']}, {len(labels)} frames"
+            + (f", taught by {cfg['teacher']} at weight {cfg['teacher_weight']}" if teacher is not None else "") + ")"}
     source = torch.load(cfg["weights_path"], map_location="cpu", weights_only=False) \
         if cfg["weights_path"].endswith(".pt") else {}
     if "step" in source:

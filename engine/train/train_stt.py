@@ -8,6 +8,8 @@
     python -m engine.train.train_stt --real_dirs=/data/LibriSpeech/train-clean-100 --device=cuda
     # fine-tune the shipped weights on new shards (fresh optimizer, the config read from the file):
     python -m engine.train.train_stt --init_from=engine/weights/stt.safetensors --out_dir=runs/stt-ft --learning_rate=3e-4
+    #   ... keeping the shipped model's turn ends (its end-of-turn probabilities as soft targets):
+    #   --eot_teacher=engine/weights/stt.safetensors --eot_teacher_weight=0.8
     # ship the best checkpoint (only if it beats the shipped weights on the held-out voices):
     python -m engine.train.train_stt --export=1
 
@@ -24,6 +26,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -68,6 +71,8 @@ reset_best = 0  # 1: forget the resumed checkpoint's best WER (after the held-ou
 seed = 1337
 device = "auto"
 init_from = ""  # a .safetensors or .pt to start from (its size wins over width/depth/...); a resume reads its own ckpt.pt
+eot_teacher = ""  # a fine-tune keeps this model's end-of-turn probabilities (e.g. the shipped weights) ...
+eot_teacher_weight = 0.0  # ... as this share of the end-of-turn loss; the rest follows the labels
 threads = 2
 data_workers = 1
 export = 0
@@ -131,13 +136,26 @@ def collate(batch: list[dict], dev: torch.device):
     return features, frames, torch.cat(targets), torch.tensor([len(t) for t in targets]), eot.to(dev)
 
 
-def losses(model: SttModel, batch, cfg: dict):
+def distilled_eot_loss(logits: torch.Tensor, taught: torch.Tensor) -> torch.Tensor:
+    """Soft cross-entropy of end-of-turn logits [N, 3] against a teacher's probabilities [N, 3]."""
+    return -(taught * logits.float().log_softmax(-1)).sum(-1).mean()
+
+
+def losses(model: SttModel, batch, cfg: dict, teacher: Optional[SttModel] = None):
+    """CTC and end-of-turn losses; with a teacher, the end-of-turn loss also keeps its
+    probabilities, so a fine-tune on new voices does not relearn when turns end."""
     features, frames, targets, target_lengths, eot = batch
     ctc_logits, eot_logits, _ = model(features)
     log_probs = ctc_logits.float().log_softmax(-1).transpose(0, 1)  # [T, B, V]
     ctc = F.ctc_loss(log_probs, targets, frames, target_lengths, blank=0, reduction="mean", zero_infinity=True)
     class_weights = torch.tensor(cfg["eot_class_weights"], device=eot_logits.device)
     eot_loss = F.cross_entropy(eot_logits.float().reshape(-1, 3), eot.reshape(-1), weight=class_weights, ignore_index=-100)
+    if teacher is not None:
+        with torch.no_grad():
+            taught = teacher(features)[1].float().softmax(-1)
+        labelled = eot != -100
+        weight = cfg["eot_teacher_weight"]
+        eot_loss = (1 - weight) * eot_loss + weight * distilled_eot_loss(eot_logits[labelled], taught[labelled])
     return ctc, eot_loss
 
 
@@ -259,6 +277,7 @@ def main(argv: list[str]) -> None:
         log(out, {"event": "start", "parameters": params, "device": str(dev), "init_from": cfg["init_from"],
                   "settings": cfg})
 
+    teacher = load_model(Path(cfg["eot_teacher"])).to(dev).eval() if cfg["eot_teacher"] else None
     dataset = SttDataset(cfg["shard_dirs"].split(","), real=[d for d in cfg["real_dirs"].split(",") if d],
                          seed=cfg["seed"] + step, call_context_share=cfg["call_context_share"],
                          non_speech_share=cfg["non_speech_share"])
@@ -272,7 +291,7 @@ def main(argv: list[str]) -> None:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, cfg)
         tensors = collate(batch, dev)
-        ctc, eot_loss = losses(model, tensors, cfg)
+        ctc, eot_loss = losses(model, tensors, cfg, teacher)
         loss = ctc + cfg["eot_weight"] * eot_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
