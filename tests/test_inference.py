@@ -149,3 +149,12 @@ def test_tts_runs_its_frozen_form_on_cpu_until_a_weight_changes():
     assert inference_model(model) is not first
     half = TtsModel(TtsConfig(width=32, encoder_depth=1, decoder_depth=1)).to(torch.bfloat16)
     assert inference_model(half) is half  # half precision runs the model itself
+
+
+def test_the_frame_step_is_compiled():
+    """A change TorchScript cannot compile would fall back to Python (inference.script) and
+    silently cost a CPU stream a third of its speed: it must fail here instead."""
+    from engine import inference
+
+    for function in (inference.packed_product, inference.block_step, inference.stack_step):
+        assert isinstance(function, torch.jit.ScriptFunction), function
