@@ -16,7 +16,7 @@ model's 17.6 MB of fp32 matrices per frame took 2.3 of its 3.2 ms on a loaded 2-
 - with int8, GELU by its tanh form (within 3e-4 of erf's, far below the bf16 rounding of the
   products; 1.6 instead of 6 us a call, 13 calls a frame);
 - the whole stack's step as one TorchScript function (`stack_step`): its interpreter runs the
-  ~300 small ops of a frame without Python's per-op cost, 1.6x faster for one stream on an
+  ~300 small ops of a frame without Python's per-op cost, 1.4-1.6x faster for one stream on an
   AVX2-only CPU with identical outputs (sixteenth session, STT model card). The functions
   take a block's tensors as NamedTuples (`Packed`, `BlockWeights`), which TorchScript reads.
 
@@ -41,7 +41,7 @@ from .ssm import CONV_KERNEL, GATE_SCALE, BlockState, RecurrentBlock, RecurrentS
 
 
 def script(function: Callable) -> Callable:
-    """function compiled by TorchScript, whose interpreter runs a frame's ~300 small ops 1.5x
+    """function compiled by TorchScript, whose interpreter runs a frame's ~300 small ops 1.4-1.6x
     faster than Python (the machine code per op is the same), or function itself where
     TorchScript cannot compile it. torch 2.13 deprecates TorchScript for torch.compile, which
     on a CPU needs a C++ compiler at run time; the pinned torch keeps it."""
