@@ -273,13 +273,14 @@ def test_a_taught_head_learns_the_teachers_end_of_turn_probabilities(shard_dir):
     for weight in (0.0, 1.0):
         torch.manual_seed(1)
         student = R.freeze_all_but_head(SttModel(SttConfig(width=32, depth=1)))
-        cfg = dict(R.SETTINGS, shard_dirs=str(shard_dir), streams=3, epochs=30, teacher_weight=weight)
+        cfg = dict(R.SETTINGS, shard_dirs=str(shard_dir), streams=3, epochs=30, learning_rate=0.03,
+                   teacher_weight=weight)
         hidden, labels, taught = R.collect(student, cfg, teacher)
         assert taught.shape == (len(labels), 3) and torch.allclose(taught.sum(-1), torch.ones(len(labels)))
         R.train_head(student, hidden, labels, taught, cfg)
         with torch.no_grad():
             pause_share[weight] = float((student.eot_head(hidden).argmax(-1) == PAUSE).float().mean())
-    assert pause_share[1.0] > 0.95 > pause_share[0.0]
+    assert pause_share[1.0] > 0.9 and pause_share[0.0] < 0.5  # measured: 1.0 and 0.07
 
 
 def test_shard_format(shard_dir):
