@@ -202,7 +202,8 @@ def stack_step(x: Tensor, convs: List[Tensor], hs: List[Tensor], blocks: List[Bl
 
 
 class FrozenBlock:
-    """RecurrentBlock with packed matrices (see the module docstring)."""
+    """RecurrentBlock with packed matrices (see the module docstring): its tensors for
+    block_step, and scan."""
 
     def __init__(self, block: RecurrentBlock, int8: bool) -> None:
         self.expanded, self.gelu = block.expanded, gelu_approximation(int8)
@@ -218,11 +219,6 @@ class FrozenBlock:
             mlp_out=PackedLinear.concat([block.mlp_out], int8).packed,
             eps=torch.tensor([block.norm.eps]),
             min_norm=torch.tensor([1e-12]))
-
-    def step(self, x: Tensor, state: BlockState) -> tuple[Tensor, BlockState]:
-        """x [B, width] fp32 one frame -> (y [B, width], new state)."""
-        y, conv, h = block_step(x, state.conv, state.h, self.weights, self.gelu)
-        return y, BlockState(conv, h)
 
     def scan(self, x: Tensor, state: BlockState) -> tuple[Tensor, BlockState]:
         """x [B, T, width] fp32, T frames at once (RecurrentBlock.forward) -> (y [B, T, width], new state)."""

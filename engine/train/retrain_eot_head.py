@@ -15,10 +15,11 @@ Examples come from the training stream (stt_data.SttDataset: augmented speech wi
 per-frame labels, line noise, echo residue), 1-4 joined into one stream, so the head also
 learns from the long-running state of a call.
 
-After a fine-tune of the encoder (new voices), `teacher` keeps the turn-taking the product
-was tuned on: the new head learns the teacher model's end-of-turn probabilities on the same
-audio (`teacher_weight` of the loss; the rest is the labels), instead of finding its own
-trade-off between early and late turn ends. An export must pass the same guard as
+After a fine-tune of the encoder (new voices), `teacher` aims to keep the turn-taking the
+product was tuned on: the new head learns the teacher model's end-of-turn probabilities on
+the same audio (`teacher_weight` of the loss; the rest is the labels), instead of finding
+its own trade-off between early and late turn ends (how far that got: STT model card,
+sixteenth session). An export must pass the same guard as
 train_stt's (no turn on non-speech) and may not lose held-out WER.
 """
 
