@@ -241,6 +241,7 @@ class FrozenStack:
 
     def __init__(self, stack: RecurrentStack, int8: bool) -> None:
         self.blocks = [FrozenBlock(block, int8) for block in stack.blocks]
+        self.block_weights, self.gelu = [block.weights for block in self.blocks], gelu_approximation(int8)
         self.final_gain, self.eps = stack.final_norm.weight.detach().float(), torch.tensor([stack.final_norm.eps])
 
     def initial_state(self, batch: int, device=None) -> list[BlockState]:
@@ -249,8 +250,7 @@ class FrozenStack:
     def step(self, x: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState], Tensor]:
         """-> (output before its final RMSNorm, new state, that norm's per-row gain [B, 1]):
         the caller's next matrix applies the gain (PackedLinear's row_gain)."""
-        x, convs, hs = stack_step(x, [s.conv for s in state], [s.h for s in state],
-                                  [block.weights for block in self.blocks], self.blocks[0].gelu)
+        x, convs, hs = stack_step(x, [s.conv for s in state], [s.h for s in state], self.block_weights, self.gelu)
         return x, [BlockState(conv, h) for conv, h in zip(convs, hs)], rms_gain(x, self.eps)
 
     def scan(self, x: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState], Tensor]:

@@ -32,7 +32,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from engine import weights
@@ -40,7 +39,7 @@ from engine.audio import log_mel, stack_frames
 from engine.stt import SttModel, load_model
 from engine.train.checkpoints import apply_overrides
 from engine.train.stt_data import EOT_FRAME, SttDataset
-from engine.train.train_stt import SHIPPED, distilled_eot_loss, evaluate_folders, hears_non_speech, selection_wer
+from engine.train.train_stt import SHIPPED, end_of_turn_loss, evaluate_folders, hears_non_speech, selection_wer
 
 # -- configuration ----------------------------------------------------------------------------
 weights_path = "runs/stt/ckpt.pt"  # the trained model whose encoder is kept
@@ -109,15 +108,6 @@ def freeze_all_but_head(model: SttModel) -> SttModel:
     return model
 
 
-def head_loss(logits: Tensor, labels: Tensor, taught: Optional[Tensor], class_weights: Tensor,
-              teacher_weight: float) -> Tensor:
-    """Cross-entropy against the labels, blended with a soft cross-entropy against the teacher."""
-    loss = F.cross_entropy(logits, labels, weight=class_weights)
-    if taught is None:
-        return loss
-    return (1.0 - teacher_weight) * loss + teacher_weight * distilled_eot_loss(logits, taught)
-
-
 def train_head(model: SttModel, hidden: Tensor, labels: Tensor, taught: Optional[Tensor], cfg: dict) -> None:
     head = model.eot_head
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg["learning_rate"], weight_decay=0.0)
@@ -126,8 +116,8 @@ def train_head(model: SttModel, hidden: Tensor, labels: Tensor, taught: Optional
     for epoch in range(cfg["epochs"]):
         total = 0.0
         for idx in torch.randperm(len(labels), generator=generator).split(4096):
-            loss = head_loss(head(hidden[idx]), labels[idx], None if taught is None else taught[idx],
-                             class_weights, cfg["teacher_weight"])
+            loss = end_of_turn_loss(head(hidden[idx]), labels[idx], class_weights,
+                                    None if taught is None else taught[idx], cfg["teacher_weight"])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

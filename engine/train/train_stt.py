@@ -136,9 +136,18 @@ def collate(batch: list[dict], dev: torch.device):
     return features, frames, torch.cat(targets), torch.tensor([len(t) for t in targets]), eot.to(dev)
 
 
-def distilled_eot_loss(logits: torch.Tensor, taught: torch.Tensor) -> torch.Tensor:
-    """Soft cross-entropy of end-of-turn logits [N, 3] against a teacher's probabilities [N, 3]."""
-    return -(taught * logits.float().log_softmax(-1)).sum(-1).mean()
+def end_of_turn_loss(logits: torch.Tensor, labels: torch.Tensor, class_weights: torch.Tensor,
+                     taught: Optional[torch.Tensor] = None, teacher_weight: float = 0.0) -> torch.Tensor:
+    """Cross-entropy of end-of-turn logits [N, 3] against labels [N] (-100: no label); with a
+    teacher's probabilities [N, 3], blended with the soft cross-entropy against them on the
+    labelled frames (teacher_weight of the loss)."""
+    logits = logits.float()
+    loss = F.cross_entropy(logits, labels, weight=class_weights, ignore_index=-100)
+    if taught is None:
+        return loss
+    labelled = labels != -100
+    distilled = -(taught[labelled] * logits[labelled].log_softmax(-1)).sum(-1).mean()
+    return (1.0 - teacher_weight) * loss + teacher_weight * distilled
 
 
 def losses(model: SttModel, batch, cfg: dict, teacher: Optional[SttModel] = None):
@@ -149,13 +158,12 @@ def losses(model: SttModel, batch, cfg: dict, teacher: Optional[SttModel] = None
     log_probs = ctc_logits.float().log_softmax(-1).transpose(0, 1)  # [T, B, V]
     ctc = F.ctc_loss(log_probs, targets, frames, target_lengths, blank=0, reduction="mean", zero_infinity=True)
     class_weights = torch.tensor(cfg["eot_class_weights"], device=eot_logits.device)
-    eot_loss = F.cross_entropy(eot_logits.float().reshape(-1, 3), eot.reshape(-1), weight=class_weights, ignore_index=-100)
+    taught = None
     if teacher is not None:
         with torch.no_grad():
-            taught = teacher(features)[1].float().softmax(-1)
-        labelled = eot != -100
-        weight = cfg["eot_teacher_weight"]
-        eot_loss = (1 - weight) * eot_loss + weight * distilled_eot_loss(eot_logits[labelled], taught[labelled])
+            taught = teacher(features)[1].float().softmax(-1).reshape(-1, 3)
+    eot_loss = end_of_turn_loss(eot_logits.reshape(-1, 3), eot.reshape(-1), class_weights, taught,
+                                cfg["eot_teacher_weight"])
     return ctc, eot_loss
 
 
