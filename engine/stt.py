@@ -64,6 +64,10 @@ SPEECH_START_FRAMES = 2  # or: consecutive non-blank/speech frames once a charac
 WORDLESS_END_FRAMES = 12  # a sound that brought no word closes after 0.48 s without speech
 SILENT_TURN_END_FRAMES = 30  # 1.2 s without speech after words ends the turn even when the end-of-turn
 # head is unsure (a voice unlike those it learned); mid-turn pauses are 0.3-0.9 s
+CONTINUATION_FRAMES = 25  # speech that starts within 1 s of an end of turn goes on the turn that ended, for
+# the turn table: the caller paused and went on (a reply takes longer), so "... is four one one" then
+# "eight two seven" reads as six digits of a number, not as a complete turn of three
+TABLE_WORDS = 16  # of those words at most: the table reads 3 tokens, a digit run of up to 12 words as one
 SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "stt.safetensors"
 CANDIDATES_PER_FRAME = 8  # tokens per frame the beam search considers (of 29)
 SHIPPED = "shipped"  # lm= default: the shipped language model (engine/weights/lm.arpa.gz)
@@ -283,6 +287,9 @@ class StreamDecoder:
         self._quiet_frames = 0
         self._in_speech = False
         self._likely = False  # SpeechLikely sent for the sound under way
+        self._ended_words: list[str] = []  # the last turn's words and the frame its end was claimed,
+        self._ended_frame = -CONTINUATION_FRAMES  # for speech that resumes soon after (CONTINUATION_FRAMES)
+        self._resumed_words: list[str] = []  # what this turn continues, for the turn table
 
     def on_frame(self, token: int, eot: Sequence[float], candidates: Sequence[tuple[int, float]] = ()) -> list[SttEvent]:
         """One frame: its best token, end-of-turn probabilities and (for the beam search) the
@@ -298,7 +305,9 @@ class StreamDecoder:
         heard = eot[SPEECH] >= SPEECH_PROBABILITY
         if not self._in_speech and (heard or (self._speech_frames >= SPEECH_START_FRAMES and text)):
             self._in_speech = self._likely = True
-            events.append(SpeechStart(t=(self.frame - max(self._speech_frames, 1) + 1) * FRAME_S))
+            started = self.frame - max(self._speech_frames, 1) + 1
+            self._resumed_words = self._ended_words if started - self._ended_frame <= CONTINUATION_FRAMES else []
+            events.append(SpeechStart(t=started * FRAME_S))
         elif eot[SPEECH] < LIKELY_RESET_PROBABILITY and token == BLANK:
             self._likely = False
         elif not self._in_speech and not self._likely and (eot[SPEECH] >= LIKELY_PROBABILITY or token != BLANK):
@@ -312,8 +321,11 @@ class StreamDecoder:
                 events.append(Partial(shown))
         end = self._end_probability(eot[END_OF_TURN], text) if self._in_speech and text else None
         if end is not None and (end >= self.turn_end_probability or self._quiet_frames >= SILENT_TURN_END_FRAMES):
-            events += [self._final(), EndOfTurn(confidence=end)]
+            final = self._final()
+            events += [final, EndOfTurn(confidence=end)]
             self._close_turn()
+            self._ended_words = (self._resumed_words + final.text.split())[-TABLE_WORDS:]
+            self._ended_frame = self.frame
         elif self._in_speech and not text and self._quiet_frames >= WORDLESS_END_FRAMES:
             events.append(EndOfTurn(confidence=0.0))  # a cough, a click: over, and nothing was said
             self._close_turn()
@@ -330,15 +342,17 @@ class StreamDecoder:
         return combined_end_probability(acoustic, self.text_log_odds(greedy))
 
     def text_log_odds(self, greedy: str) -> float:
-        """The turn table's log odds that the words so far finish a turn (needs a table)."""
+        """The turn table's log odds that the words so far finish a turn (needs a table), after
+        the words of a turn that ended just before this one began (CONTINUATION_FRAMES)."""
         # With the beam, the latest partial (its best, refreshed every other frame) spares a ranking.
         words = (greedy if self.beam is None else self._last_partial or greedy).split()
-        return _log_odds(self.turns.probability(words))
+        return _log_odds(self.turns.probability(self._resumed_words + words))
 
     def flush(self) -> list[SttEvent]:
         """The audio ended: finalise whatever was heard (no end-of-turn claim)."""
         events: list[SttEvent] = [self._final()] if self.ctc.text() else []
         self._close_turn()
+        self._ended_words = []
         return events
 
     def _partial_text(self, greedy: str) -> str:

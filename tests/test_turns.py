@@ -5,7 +5,7 @@ import gzip
 import pytest
 
 from engine.interface import EndOfTurn, Final
-from engine.stt import BLANK, SILENT_TURN_END_FRAMES, StreamDecoder, encode_text
+from engine.stt import BLANK, CONTINUATION_FRAMES, SILENT_TURN_END_FRAMES, StreamDecoder, encode_text
 from engine.turn import context, count_turns, load_turns, write_turns
 
 CALLS = [
@@ -126,6 +126,25 @@ def test_a_long_turn_is_judged_by_its_end_not_as_a_short_one():
     turns = count_turns([[digits]] * 5 + [[said, ["thanks"]]] * 5)
     assert turns.probability(digits) > 0.7
     assert turns.probability(said) < 0.3
+
+
+def test_speech_soon_after_a_turn_end_is_judged_as_going_on_with_that_turn():
+    # Three digits alone answer a question; after "my order number is" they are half a number.
+    turns = count_turns([[stretch.split() for stretch in call.split("|")] for call in CALLS] + [["two six oh".split()]] * 4)
+    assert turns.probability("two six oh".split()) > 0.6 > 0.4 > turns.probability("my order number is two six oh".split())
+
+    def digits_after_a_turn_end(quiet_between: int) -> list:
+        decoder = StreamDecoder(turns=turns)
+        ended = speak_then_pause(decoder, "my order number is", SILENT_TURN_END_FRAMES)
+        assert [type(e) for e in ended] == [Final, EndOfTurn], "the silence fallback ends it"
+        for _ in range(quiet_between):
+            assert decoder.on_frame(BLANK, SURE_END) == []
+        return speak_then_pause(decoder, "two six oh", 8)
+
+    assert digits_after_a_turn_end(0) == [], "the caller paused and went on: the number is not finished"
+    events = digits_after_a_turn_end(CONTINUATION_FRAMES + 1)
+    assert [type(e) for e in events] == [Final, EndOfTurn], "a new turn, answered in three digits"
+    assert events[0].text == "two six oh", "the transcript is this turn's alone"
 
 
 def test_the_turn_end_probability_is_the_callers_to_choose():

@@ -2,6 +2,7 @@
 
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt --hours 20 &
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-short --corpus short --hours 0.8 &
+    nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-shifted --voices shifted --hours 2 &
     python -m engine.train.synth --out data/stt --report      # hours and speed per engine
 
 Shard k is `OUT/shard-KKKKK.npz` (16 kHz int16 audio of all its utterances, their
@@ -36,7 +37,7 @@ PAUSE_RANGE = (0.3, 0.9)          # s of silence at a mid-turn pause
 LEAD_RANGE = (0.1, 0.5)           # s of silence before the first word
 TAIL_RANGE = (0.6, 1.5)           # s of silence after the last word (end of turn)
 MAX_TRIES = 3                     # speakers tried before an utterance is skipped
-ENGINES = tuple(voices.ENGINE_WEIGHTS)
+ENGINES = tuple(voices.ENGINE_WEIGHTS)  # what a shard's summary accounts for (a pool's speakers are of these)
 
 log = logging.getLogger("synth")
 
@@ -87,19 +88,22 @@ CORPORA = {"main": build_corpus, "short": short_turn_corpus}  # --corpus: which 
 class ShardPlan:
     """What shard k contains: deterministic texts and speakers."""
 
-    def __init__(self, seed: int = SEED, shard_size: int = SHARD_UTTERANCES, corpus: str = "main"):
+    def __init__(self, seed: int = SEED, shard_size: int = SHARD_UTTERANCES, corpus: str = "main",
+                 voice_mix: str = "all"):
         self.seed, self.shard_size = seed, shard_size
         self.train, _ = split_corpus(CORPORA[corpus](seed))
         self.order = np.random.default_rng([seed, 1]).permutation(len(self.train))
-        self.pools = {e: voices.training_speakers(e) for e in ENGINES}
-        self.weights = np.array([voices.ENGINE_WEIGHTS[e] for e in ENGINES])
+        shares = voices.VOICE_MIXES[voice_mix]
+        self.pool_names = tuple(shares)
+        self.pools = {e: voices.training_speakers(e) for e in self.pool_names}
+        self.weights = np.array([shares[e] for e in self.pool_names])
 
     def utterance(self, k: int, i: int):
         return self.train[self.order[(k * self.shard_size + i) % len(self.order)]]
 
     def speaker(self, rng: np.random.Generator) -> voices.Speaker:
-        engine = ENGINES[rng.choice(len(ENGINES), p=self.weights / self.weights.sum())]
-        pool = self.pools[engine]
+        name = self.pool_names[rng.choice(len(self.pool_names), p=self.weights / self.weights.sum())]
+        pool = self.pools[name]
         return pool[int(rng.integers(len(pool)))]
 
 
@@ -165,10 +169,10 @@ def report(out: str) -> dict:
 
 
 def worker(out: str, seed: int, hours: float, index: int, n_workers: int, shard_size: int,
-           corpus: str = "main") -> None:
+           corpus: str = "main", voice_mix: str = "all") -> None:
     """Write shards index, index + n_workers, ... until the folder holds `hours` of audio."""
     _setup_log(out)
-    plan = ShardPlan(seed, shard_size, corpus)
+    plan = ShardPlan(seed, shard_size, corpus, voice_mix)
     synth = voices.Engines()
     k = index
     while True:
@@ -201,6 +205,8 @@ def main() -> None:
     p.add_argument("--shard-size", type=int, default=SHARD_UTTERANCES, help="utterances per shard")
     p.add_argument("--corpus", choices=sorted(CORPORA), default="main",
                    help="main: prose and contact-center turns; short: short complete answers (own folder)")
+    p.add_argument("--voices", choices=sorted(voices.VOICE_MIXES), default="all",
+                   help="all: every engine's pool; shifted: WORLD-shifted flite and espeak-ng speakers (own folder)")
     p.add_argument("--report", action="store_true", help="print hours and speed per engine, then exit")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -208,9 +214,9 @@ def main() -> None:
         print(json.dumps(report(a.out), indent=1))
         return
     _setup_log(a.out)
-    log.info("start: out=%s corpus=%s hours=%.1f seed=%d workers=%d shard_size=%d", a.out, a.corpus, a.hours, a.seed,
-             a.workers, a.shard_size)
-    procs = [mp.Process(target=worker, args=(a.out, a.seed, a.hours, i, a.workers, a.shard_size, a.corpus)) for i in range(a.workers)]
+    log.info("start: out=%s corpus=%s voices=%s hours=%.1f seed=%d workers=%d shard_size=%d", a.out, a.corpus, a.voices,
+             a.hours, a.seed, a.workers, a.shard_size)
+    procs = [mp.Process(target=worker, args=(a.out, a.seed, a.hours, i, a.workers, a.shard_size, a.corpus, a.voices)) for i in range(a.workers)]
     for pr in procs:
         pr.start()
     for pr in procs:

@@ -46,6 +46,7 @@ N_KOKORO_MIX = 3000          # training mixture speakers (seeds 0..N-1, minus th
 N_PIPER = 600                # Piper pseudo-speakers
 N_ESPEAK = 1500
 N_FLITE = 400
+N_SHIFTED = 800              # flite and espeak-ng speakers WORLD-shifted into other voices (VOICE_MIXES["shifted"])
 EVAL_SEED_BASE = 1_000_000   # eval-only speakers use seeds from here on
 
 ESPEAK_BASES = ("en-us", "en", "en-gb-x-rp", "en-029", "en-gb-scotland", "en-gb-x-gbclan",
@@ -58,12 +59,18 @@ ESPEAK_TRAIN_VARIANTS = ("", "m1", "m2", "m3", "m4", "m5", "m7", "m8", "f1", "f2
 # Left out as barely intelligible to Whisper tiny.en even at a neutral pitch:
 # zac, anika, Alicia (WER 0.34-0.41 against 0.03-0.31 for the rest).
 ESPEAK_HELDOUT_VARIANTS = ("f4", "m6")
+ESPEAK_MALE_VARIANTS = ("", "m1", "m2", "m3", "m4", "m5", "m7", "m8", "adam", "john", "paul", "robert", "max",
+                        "david", "edward", "travis", "victor", "quincy", "iven", "Michael", "Mike", "Lee")
 FLITE_TRAIN = ("kal", "kal16", "awb", "rms")
 FLITE_HELDOUT = ("slt",)
 
 # Share of training audio time per engine. Kokoro is the slowest but the most natural
 # and the only source of female voices that are not pitch-shifted.
 ENGINE_WEIGHTS = {"kokoro": 0.45, "piper": 0.30, "espeak": 0.15, "flite": 0.10}
+# Shares of the pools a shard draws from, by synth --voices. "shifted" adds what the main
+# mix lacks (sixteenth session: the unseen female flite voice slt scored WER 0.6, the
+# trained flite voices are all male): flite and espeak-ng speakers of both sexes by WORLD.
+VOICE_MIXES = {"all": ENGINE_WEIGHTS, "shifted": {"shifted": 1.0}}
 
 
 @dataclass(frozen=True)
@@ -101,16 +108,26 @@ def in_heldout_region(weights: dict) -> bool:
     return 0.5 <= kumo <= 0.85 and gongitsune > alpha
 
 
-def piper_speaker(seed: int) -> Speaker:
-    """Piper joe with sampled prosody; most are WORLD-shifted into a new voice of either sex."""
-    rng = np.random.default_rng([21, seed])
-    kind = rng.choice(["plain", "male", "female"], p=[0.25, 0.35, 0.40])
+def world_voice(rng: np.random.Generator, kinds=(0.25, 0.35, 0.40)) -> dict:
+    """A WORLD shift into a new voice: plain, male-like or female-like pitch and formants
+    (relative to a male source voice), with these chances."""
+    kind = rng.choice(["plain", "male", "female"], p=list(kinds))
     f0, formant = {"plain": (1.0, 1.0),
                    "male": (rng.uniform(0.75, 1.15), rng.uniform(0.9, 1.04)),
                    "female": (rng.uniform(1.45, 2.0), rng.uniform(1.08, 1.22))}[kind]
+    return {"sex": str(kind), "f0": float(f0), "formant": float(formant), "f0_range": float(rng.uniform(0.7, 1.4))}
+
+
+def shifted(params: dict) -> bool:
+    """Whether a speaker's audio goes through world_shift."""
+    return params.get("f0", 1.0) != 1.0 or params.get("formant", 1.0) != 1.0 or params.get("f0_range", 1.0) != 1.0
+
+
+def piper_speaker(seed: int) -> Speaker:
+    """Piper joe with sampled prosody; most are WORLD-shifted into a new voice of either sex."""
+    rng = np.random.default_rng([21, seed])
     return Speaker(f"piper-joe-{seed}", "piper", {
-        "sex": str(kind), "f0": float(f0), "formant": float(formant),
-        "f0_range": float(rng.uniform(0.7, 1.4)),
+        **world_voice(rng),
         "length_scale": float(rng.uniform(0.8, 1.25)),
         "noise_scale": float(rng.uniform(0.4, 0.9)), "noise_w": float(rng.uniform(0.5, 1.0))})
 
@@ -133,8 +150,19 @@ def flite_speaker(seed: int, voices=FLITE_TRAIN, prefix="flite") -> Speaker:
         "voice": voice, "stretch": float(rng.uniform(0.85, 1.25)), "f0_mean": float(f0)})
 
 
+def shifted_speaker(seed: int) -> Speaker:
+    """A training flite or male espeak-ng speaker, WORLD-shifted (never plain) into a new
+    voice. The flite sources are all male, so female-like shifts are the ones flite lacks."""
+    rng = np.random.default_rng([51, seed])
+    source = flite_speaker(seed) if rng.random() < 0.7 else espeak_speaker(seed, ESPEAK_MALE_VARIANTS)
+    shift = world_voice(rng, kinds=(0.0, 0.4, 0.6))
+    return Speaker(f"{source.id}-shifted", source.engine, {**source.params, **shift})
+
+
 def training_speakers(engine: str) -> list[Speaker]:
-    """The fixed training pool of one engine (held-out speakers already removed)."""
+    """The fixed training pool of one engine, or of "shifted" (held-out speakers already removed)."""
+    if engine == "shifted":
+        return [shifted_speaker(s) for s in range(N_SHIFTED)]
     if engine == "kokoro":
         mixes = (kokoro_mix(s) for s in range(N_KOKORO_MIX))
         return [sp for sp in mixes if not in_heldout_region(sp.params["weights"])]
@@ -354,23 +382,26 @@ class Piper:
             return np.zeros(0, np.float32)
         sr = chunks[0].sample_rate
         x = np.concatenate([c.audio_float_array for c in chunks])
-        if p["f0"] != 1.0 or p["formant"] != 1.0 or p["f0_range"] != 1.0:
-            x = world_shift(x, sr, p["f0"], p["formant"], p["f0_range"])
-        return trim_and_normalize(resample(x, sr))
+        return trim_and_normalize(resample(shift_voice(x, sr, p), sr))
+
+
+def shift_voice(x: np.ndarray, sr: int, p: dict) -> np.ndarray:
+    """x through world_shift when the speaker's params ask for it (see shifted)."""
+    return world_shift(x, sr, p["f0"], p["formant"], p["f0_range"]) if shifted(p) else x
 
 
 def espeak(sp: Speaker, text: str) -> np.ndarray:
     p = sp.params
     x, sr = _run_to_wav(["espeak-ng", "-v", p["voice"], "-s", str(p["rate"]), "-p", str(p["pitch"]),
                          "-g", str(p["gap"]), text, "-w"])
-    return trim_and_normalize(resample(x, sr))
+    return trim_and_normalize(resample(shift_voice(x, sr, p), sr))
 
 
 def flite(sp: Speaker, text: str) -> np.ndarray:
     p = sp.params
     x, sr = _run_to_wav(["flite", "-voice", p["voice"], "--setf", f"duration_stretch={p['stretch']:.3f}",
                          "--setf", f"int_f0_target_mean={p['f0_mean']:.1f}", "-t", text, "-o"])
-    return trim_and_normalize(resample(x, sr))
+    return trim_and_normalize(resample(shift_voice(x, sr, p), sr))
 
 
 class Engines:
