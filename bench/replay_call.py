@@ -64,9 +64,10 @@ def caller_turns(inbound: np.ndarray) -> list[tuple[float, float]]:
 
 
 @torch.no_grad()
-def recognize(model: SttModel, audio: np.ndarray, offset_s: float) -> list[tuple[float, str]]:
+def recognize(model: SttModel, audio: np.ndarray, offset_s: float,
+              turn_end_probability: Optional[float] = None) -> list[tuple[float, str]]:
     """(time s on the call's clock, "start" | "end") for every SpeechStart and EndOfTurn."""
-    recognizer, events = Recognizer(model), []
+    recognizer, events = Recognizer(model, turn_end_probability=turn_end_probability), []
     for start in range(0, len(audio), FRAME):
         for event in recognizer.push(audio[start:start + FRAME]):
             if isinstance(event, (SpeechStart, EndOfTurn)):
@@ -83,15 +84,16 @@ def first_after(events: list[tuple[float, str]], kind: str, t: float, until: flo
     return None
 
 
-def replay(inbound: np.ndarray, reference: np.ndarray, model: SttModel, fresh_lead_s: float) -> dict:
+def replay(inbound: np.ndarray, reference: np.ndarray, model: SttModel, fresh_lead_s: float,
+           turn_end_probability: Optional[float] = None) -> dict:
     heard = suppress(inbound, reference)
-    whole = recognize(model, heard, 0.0)
+    whole = recognize(model, heard, 0.0, turn_end_probability)
     turns = caller_turns(inbound)
     rows = []
     for i, (start, end) in enumerate(turns):
         until = turns[i + 1][0] if i + 1 < len(turns) else len(heard) / SAMPLE_RATE + 1
         begin = max(0.0, start - fresh_lead_s)
-        fresh = recognize(model, heard[int(begin * SAMPLE_RATE):int(until * SAMPLE_RATE)], begin)
+        fresh = recognize(model, heard[int(begin * SAMPLE_RATE):int(until * SAMPLE_RATE)], begin, turn_end_probability)
         reference_active = bool(np.abs(reference[int(start * SAMPLE_RATE):int((start + 0.1) * SAMPLE_RATE)]).max(initial=0) > 0)
         row = {"start_s": round(start, 2), "end_s": round(end, 2), "over_reply": reference_active,
                "speech_start_ms": first_after(whole, "start", start, end),
@@ -127,6 +129,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("recording", type=Path, help="a WAV written by a gateway with record_dir set")
     parser.add_argument("--stt-weights", type=Path, default=None, help="STT safetensors (default: shipped)")
     parser.add_argument("--fresh-lead", type=float, default=2.0, help="s of audio a fresh recognizer hears before each turn")
+    parser.add_argument("--turn-end-probability", type=float, default=None,
+                        help="P(end) that closes a turn (default: the engine's, engine.stt.TURN_END_PROBABILITY)")
     parser.add_argument("--json", action="store_true", help="print the full JSON report")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -134,9 +138,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         inbound, reference = read_recording(args.recording)
     except (OSError, EOFError, ValueError, wave.Error) as exc:
         raise SystemExit(f"replay_call: {exc}") from None
-    report = replay(inbound, reference, load_model(args.stt_weights), args.fresh_lead)
+    report = replay(inbound, reference, load_model(args.stt_weights), args.fresh_lead, args.turn_end_probability)
     report["settings"] = {"recording": str(args.recording), "stt_weights": str(args.stt_weights or ""),
-                          "fresh_lead_s": args.fresh_lead}
+                          "fresh_lead_s": args.fresh_lead, "turn_end_probability": args.turn_end_probability}
     if args.json:
         print(json.dumps(report, indent=1))
         return
