@@ -2,7 +2,7 @@
 
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt --hours 20 &
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-short --corpus short --hours 0.8 &
-    nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-shifted --voices shifted --hours 2 &
+    nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-shifted --voices shifted --hours 3 --seed 2031 --shard-size 100 &
     python -m engine.train.synth --out data/stt --report      # hours and speed per engine
 
 Shard k is `OUT/shard-KKKKK.npz` (16 kHz int16 audio of all its utterances, their
