@@ -131,3 +131,16 @@ def test_tts_bench_rejects_an_unknown_judge(tmp_path):
     done = subprocess.run([sys.executable, "-m", "engine.bench", "tts", "--texts", "x", "--out", str(tmp_path),
                            "--judge", "large"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "invalid choice: 'large'" in done.stderr
+
+
+def test_lm_grid_decodes_every_setting_from_one_model_pass():
+    done = subprocess.run([sys.executable, "-m", "bench.lm_grid", "--data", str(SPEECH), "--alphas", "0.4",
+                           "--bonuses=-50,2.5", "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["files"] == 2 and len(result["grid"]) == 2
+    by_bonus = {row["word_bonus"]: row for row in result["grid"]}
+    # a word costs 50 nats at bonus -50: the search says nothing, so every word is missed
+    assert by_bonus[-50.0]["mean_wer"] == 1.0
+    assert by_bonus[2.5]["mean_wer"] < 0.9 and set(by_bonus[2.5]["wer"]) == {SPEECH.name}
+    assert result["grid"][0]["word_bonus"] == 2.5, "best first"
