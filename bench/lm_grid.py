@@ -21,7 +21,6 @@ import torch
 
 from bench.turn_rule_sweep import floats
 from engine import beam, stt
-from engine.audio import log_mel, stack_frames
 from engine.bench import pairs
 from engine.train.textnorm import normalize_for_wer
 from engine.wavfile import read_wav
@@ -30,15 +29,9 @@ from engine.wer import word_error_rate
 Candidates = list[list[tuple[int, float]]]
 
 
-@torch.inference_mode()
 def frame_candidates(model: stt.SttModel, wav: Path) -> Candidates:
     """A file's per-frame likeliest tokens, as the beam search reads them."""
-    audio = stt.to_float(read_wav(wav, stt.SAMPLE_RATE))
-    frames = stack_frames(log_mel(torch.from_numpy(audio))).unsqueeze(0)
-    if frames.shape[1] == 0:
-        return []
-    ctc_logits, _, _ = model(frames)
-    return stt.frame_candidates(ctc_logits[0])
+    return stt.frame_candidates(stt.offline_ctc_logits(model, read_wav(wav, stt.SAMPLE_RATE)))
 
 
 def decode(candidates: Candidates, lm, alpha: float, bonus: float) -> str:

@@ -417,24 +417,32 @@ class Recognizer:
 
 
 @torch.inference_mode()
+def offline_ctc_logits(model: SttModel, audio: np.ndarray) -> Tensor:
+    """One utterance (float or int16, 16 kHz) through the model in one parallel pass -> CTC
+    logits [T, V] (T = 0 for audio shorter than a frame)."""
+    from .audio import log_mel, stack_frames
+
+    stacked = stack_frames(log_mel(torch.from_numpy(to_float(audio)))).unsqueeze(0)
+    if stacked.shape[1] == 0:
+        return torch.zeros(0, len(VOCAB))
+    return model.eval()(stacked)[0][0]
+
+
+@torch.inference_mode()
 def transcribe(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> str:
     """Offline transcription of one utterance (float or int16, 16 kHz): the beam search with
     the language model, or greedy CTC when lm is None (training selects checkpoints so)."""
-    from .audio import log_mel, stack_frames
-
-    samples = to_float(audio)
-    stacked = stack_frames(log_mel(torch.from_numpy(samples))).unsqueeze(0)
-    if stacked.shape[1] == 0:
+    ctc_logits = offline_ctc_logits(model, audio)
+    if ctc_logits.shape[0] == 0:
         return ""
-    ctc_logits, _, _ = model.eval()(stacked)
     language_model = resolve_lm(lm)
     if language_model is None:
         decoder = GreedyCtc()
-        for frame, token in enumerate(ctc_logits[0].argmax(-1).tolist()):
+        for frame, token in enumerate(ctc_logits.argmax(-1).tolist()):
             decoder.push(token, frame)
         return decoder.text()
     beam = CtcBeamSearch(language_model, VOCAB, BLANK)
-    for frame, candidates in enumerate(frame_candidates(ctc_logits[0])):
+    for frame, candidates in enumerate(frame_candidates(ctc_logits)):
         beam.push(candidates, frame)
     return " ".join(beam.best()[0])
 
