@@ -11,9 +11,9 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-# libopus for gateway/opus.py; python3.11 only where the base image lacks it (the CUDA images).
+# libopus for gateway/opus.py; g++ for the int8 kernel (built below); python3.11 only where the base image lacks it (the CUDA images).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libopus0 ca-certificates \
+    && apt-get install -y --no-install-recommends libopus0 ca-certificates g++ \
     && if ! command -v python3.11 >/dev/null; then \
          apt-get install -y --no-install-recommends python3.11 python3.11-venv; fi \
     && rm -rf /var/lib/apt/lists/*
@@ -28,6 +28,9 @@ COPY engine engine
 COPY web web
 COPY static static
 RUN pip install -e .
+# Parley's int8 CPU kernel, compiled into the image (engine/cpu_kernels.py)
+ENV PARLEY_KERNEL_DIR=/opt/parley-kernels
+RUN python -m engine.cpu_kernels
 USER parley
 ENV PARLEY_HOST=0.0.0.0 PARLEY_PORT=8080
 EXPOSE 8080

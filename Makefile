@@ -6,13 +6,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEBIAN_TEST_PACKAGES := chromium redis-server libopus0
+DEBIAN_TEST_PACKAGES := chromium redis-server libopus0 g++
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
 DEBIAN_TRAIN_PACKAGES := espeak-ng flite fortunes fortunes-min
 
-.PHONY: run test venv system-deps bench train-setup clean
+.PHONY: run test venv kernels system-deps bench train-setup clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Parley needs Python 3.11+"'
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Parley's int8 CPU kernel (engine/cpu_kernels.py): compiled once per source and torch version
+# (about 15 s with g++), then cached; where it cannot build, torch's kernel serves.
+kernels: $(STAMP)
+	$(PY) -m engine.cpu_kernels
+
 system-deps:
 	@missing=""; for p in $(DEBIAN_TEST_PACKAGES); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -34,10 +39,10 @@ system-deps:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
 	fi
 
-run: $(STAMP)
+run: kernels
 	$(VENV)/bin/parley serve
 
-test: $(STAMP) system-deps
+test: system-deps kernels
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything the STT data synthesis and training need (not needed to run or test Parley).

@@ -4,7 +4,8 @@
 
 One step is one 40 ms frame for B streams at once (`SttModel.step` for "float", the
 frozen `FrozenSttModel` of engine/inference.py for "int8", as `engine.stt.streaming_model`
-picks them). The two alternate every step on the same random frames and carried states, so a
+picks them; "int8_torch" is the same int8 model multiplied by torch's kernel instead of
+Parley's own, engine/cpu_kernels.py, where that is built). The two alternate every step on the same random frames and carried states, so a
 noisy machine slows both alike; the first 50 steps of each batch size are not counted.
 Reported per batch size: step_ms_p50 / p95 of each, the p50 ratio, and rtf_per_stream
 (p50 step / 40 ms / B: the model's share of one stream's real-time budget).
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from engine.audio import FRAMES_PER_STEP, N_MELS
+from engine.inference import default_int8_kernel
 from engine.stt import FRAME_S, FrozenSttModel, load_model
 
 WARM_UP_STEPS = 50
@@ -53,6 +55,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = load_model(Path(args.weights) if args.weights else None).eval()
     models = {"float": model, "int8": FrozenSttModel(model)}
+    if default_int8_kernel() == "parley":
+        models["int8_torch"] = FrozenSttModel(model, kernel="torch")
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         times = time_steps(models, batch, args.steps)
@@ -63,8 +67,11 @@ def main() -> None:
             row[f"{name}_step_ms_p95"] = round(float(np.percentile(values, 95)) * 1000, 3)
             row[f"{name}_rtf_per_stream"] = round(p50 / FRAME_S / batch, 4)
         row["float_over_int8_p50"] = round(row["float_step_ms_p50"] / row["int8_step_ms_p50"], 2)
+        if "int8_torch" in models:
+            row["int8_torch_over_int8_p50"] = round(row["int8_torch_step_ms_p50"] / row["int8_step_ms_p50"], 2)
         rows.append(row)
     print(json.dumps({"benchmark": "stt_step", "weights": args.weights or "shipped", "threads": args.threads,
+                      "int8_kernel": default_int8_kernel(),
                       "steps": args.steps, "load_avg_1m": round(os.getloadavg()[0], 2), "rows": rows}))
 
 

@@ -77,6 +77,32 @@ def log_mel_windows(windows: Tensor) -> Tensor:
     return torch.log(mel.add_(LOG_FLOOR)).sub_(LOG_MEL_MEAN).div_(LOG_MEL_STD)
 
 
+@lru_cache(maxsize=None)
+def _numpy_constants() -> tuple[np.ndarray, np.ndarray]:
+    """(Hann window [N_FFT], mel filters transposed [N_FFT // 2 + 1, N_MELS]) as NumPy float32."""
+    return _window().numpy(), np.ascontiguousarray(mel_filters().numpy().T)
+
+
+def log_mel_rows(windows: np.ndarray) -> np.ndarray:
+    """log_mel_windows on a NumPy array [n, N_FFT] -> float32 [n, N_MELS], equal within 1e-6.
+
+    The streaming paths' front end: a 20 ms push is two windows, and NumPy's few ops cost a
+    third of torch's there (47 against 139 us, which was a sixth of a frame's processing).
+    """
+    if len(windows) == 0:
+        return np.zeros((0, N_MELS), np.float32)
+    window, filters = _numpy_constants()
+    spectrum = np.fft.rfft(windows * window, n=N_FFT)
+    with np.errstate(over="ignore", invalid="ignore"):  # absurd input overflows quietly, as in torch
+        power = (np.square(spectrum.real) + np.square(spectrum.imag)).astype(np.float32)
+        mel = power @ filters
+    mel += LOG_FLOOR
+    np.log(mel, out=mel)
+    mel -= LOG_MEL_MEAN
+    mel /= LOG_MEL_STD
+    return mel
+
+
 _WINDOW_OFFSETS = np.arange(N_FFT)
 
 
@@ -108,7 +134,7 @@ class StreamingLogMel:
     def push(self, audio: Tensor | np.ndarray) -> Tensor:
         """Append float audio [samples]; returns the newly complete frames [n, N_MELS]."""
         samples = audio.detach().float().cpu().numpy() if isinstance(audio, Tensor) else audio
-        return log_mel_windows(torch.from_numpy(self.windows.push(samples)))
+        return torch.from_numpy(log_mel_rows(self.windows.push(samples)))
 
 
 class FrameStacker:

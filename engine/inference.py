@@ -5,20 +5,22 @@ matrix-vector product and its time goes to reading the weights, not to arithmeti
 model's 17.6 MB of fp32 matrices per frame took 2.3 of its 3.2 ms on a loaded 2-core VM.
 `FrozenStack` keeps the same math and the same state layout as `RecurrentBlock.step`, with
 
-- every matrix as int8 with one scale per output row (symmetric), multiplied with bf16
-  activations by torch's `_weight_int8pack_mm` (the AVX-512 kernel behind its int8 weight-only
-  inference): 4x fewer bytes. Activations, the recurrence and its state stay fp32 between
-  matrices, so only the products are rounded;
+- every matrix as int8 with one scale per output row (symmetric): 4x fewer bytes. Parley's
+  own AVX2 kernel (engine/cpu_kernels.py) multiplies them with fp32 activations; where it is
+  not built, torch's `_weight_int8pack_mm` does, with the activations rounded to bf16 (its
+  AVX-512 kernel; without AVX-512 it converts in software, 1.5-2x slower). Activations, the
+  recurrence and its state stay fp32 between matrices, so only the weights are rounded;
 - projections that read the same input as one matrix (the block's gate and input branches,
   the RG-LRU's two gates), RMSNorm gains folded into the matrix after them and the norm's
   per-row 1/RMS applied to that matrix's output instead of its input: fewer ops, which at
   batch 1 is what a step costs (each op a few microseconds, whatever its size);
 - with int8, GELU by its tanh form (within 3e-4 of erf's, far below the bf16 rounding of the
   products; 1.6 instead of 6 us a call, 13 calls a frame);
-- the whole stack's step as one TorchScript function (`stack_step`): its interpreter runs the
-  ~300 small ops of a frame without Python's per-op cost, 1.4-1.6x faster for one stream on an
-  AVX2-only CPU with identical outputs (sixteenth session, STT model card). The functions
-  take a block's tensors as NamedTuples (`Packed`, `BlockWeights`), which TorchScript reads.
+- the whole stack's step in one call: with Parley's kernel `parley::stack_step`, the same
+  math in C++ (a frame's ~300 small ops cost more than its products did); otherwise one
+  TorchScript function (`stack_step`), whose interpreter runs those ops without Python's
+  per-op cost. The TorchScript functions take a block's tensors as NamedTuples (`Packed`,
+  `BlockWeights`); the C++ step reads the same tensors as one flat list, in that order.
 
 With `int8=False` the matrices stay fp32 (stored transposed, which MKL multiplies faster
 from the left) and the output equals `RecurrentStack.step` to float rounding
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import cpu_kernels
 from .ssm import CONV_KERNEL, GATE_SCALE, BlockState, RecurrentBlock, RecurrentStack, linear_scan
 
 
@@ -73,36 +76,69 @@ class Packed(NamedTuple):
     """A PackedLinear's tensors, as TorchScript functions take them."""
 
     weight: Tensor  # int8 [out, in], or fp32 W^T [in, out]
-    scale: Tensor  # bf16 [out] for int8; empty for fp32
+    scale: Tensor  # int8: [out], bf16 values (fp32 for Parley's kernel, bf16 for torch's); fp32: empty
     bias: Tensor  # fp32 [out]
 
 
-@script
-def packed_product(x: Tensor, packed: Packed, row_gain: Optional[Tensor] = None) -> Tensor:
-    """x W^T + b, or (x W^T) * row_gain + b: an RMSNorm's per-row factor applied after the
-    product instead of before it (W (r x) = r (W x)), which saves normalising x."""
-    if packed.scale.numel() > 0:
-        product = torch._weight_int8pack_mm(x.to(torch.bfloat16), packed.weight, packed.scale)
-    else:
-        product = torch.mm(x, packed.weight)
-    # a bf16 product plus fp32 terms comes out fp32 (type promotion): no separate cast
-    return product + packed.bias if row_gain is None else torch.addcmul(packed.bias, product, row_gain)
+OWN_INT8_KERNEL = cpu_kernels.load()  # torch.ops.parley.*: see engine/cpu_kernels.py
+INT8_KERNELS = ("parley", "torch")  # which kernel multiplies int8 matrices: Parley's (fp32 activations) or torch's
+
+
+def default_int8_kernel() -> str:
+    return "parley" if OWN_INT8_KERNEL else "torch"
+
+
+if OWN_INT8_KERNEL:
+    @script
+    def packed_product(x: Tensor, packed: Packed, row_gain: Optional[Tensor] = None) -> Tensor:
+        """x W^T + b, or (x W^T) * row_gain + b: an RMSNorm's per-row factor applied after the
+        product instead of before it (W (r x) = r (W x)), which saves normalising x."""
+        if packed.scale.dtype == torch.float32 and packed.scale.numel() > 0:  # Parley's kernel: one call
+            return torch.ops.parley.int8_linear(x, packed.weight, packed.scale, packed.bias, row_gain)
+        if packed.scale.numel() > 0:
+            product = torch._weight_int8pack_mm(x.to(torch.bfloat16), packed.weight, packed.scale)
+        else:
+            product = torch.mm(x, packed.weight)
+        return product + packed.bias if row_gain is None else torch.addcmul(packed.bias, product, row_gain)
+else:  # the same without Parley's kernel (TorchScript cannot compile a call of an unknown op)
+    @script
+    def packed_product(x: Tensor, packed: Packed, row_gain: Optional[Tensor] = None) -> Tensor:
+        """x W^T + b, or (x W^T) * row_gain + b (see the function above)."""
+        if packed.scale.numel() > 0:
+            product = torch._weight_int8pack_mm(x.to(torch.bfloat16), packed.weight, packed.scale)
+        else:
+            product = torch.mm(x, packed.weight)
+        # a bf16 product plus fp32 terms comes out fp32 (type promotion): no separate cast
+        return product + packed.bias if row_gain is None else torch.addcmul(packed.bias, product, row_gain)
+
+
+def check_int8_kernel(kernel: Optional[str]) -> str:
+    """kernel=None -> the default; a name it cannot use -> ValueError saying why."""
+    kernel = default_int8_kernel() if kernel is None else kernel
+    if kernel not in INT8_KERNELS:
+        raise ValueError(f"int8 kernel must be one of {INT8_KERNELS}, not {kernel!r}")
+    if kernel == "parley" and not OWN_INT8_KERNEL:
+        raise ValueError(f"Parley's int8 kernel is not loaded here ({cpu_kernels.unavailable_reason() or 'it failed to build'})")
+    return kernel
 
 
 class PackedLinear:
     """y = x W^T + b for inference only: W fp32 (kept as W^T, [in, out]), or int8 ([out, in],
-    as the kernel wants it) with a bf16 scale per output row."""
+    as the kernels want it) with a bf16 scale per output row, multiplied by `kernel` (one of
+    INT8_KERNELS; default: Parley's where it is available)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor, int8: bool) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor, int8: bool, kernel: Optional[str] = None) -> None:
         weight, bias = weight.detach().float(), bias.detach().float()
-        self.int8 = int8
+        self.int8, self.kernel = int8, check_int8_kernel(kernel)
         if int8:
             # Quantize against the bf16 scale the kernel multiplies by, not the fp32 one it
             # was rounded from (up to 0.4 % apart): a row's gain stays exact. The clamp then
             # costs the largest weight at most half a step, like any rounding.
             scale = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.bfloat16)
             quantized = torch.round(weight / scale.float()[:, None]).clamp(-127, 127)
-            self.packed = Packed(quantized.to(torch.int8).contiguous(), scale, bias)
+            # the scale's dtype picks the kernel (packed_product): fp32 Parley's, bf16 torch's
+            self.packed = Packed(quantized.to(torch.int8).contiguous(),
+                                 scale.float() if self.kernel == "parley" else scale, bias)
         else:  # W^T: MKL multiplies this layout faster
             self.packed = Packed(weight.T.contiguous(), torch.empty(0, dtype=torch.bfloat16), bias)
 
@@ -119,12 +155,13 @@ class PackedLinear:
         return self.packed.bias
 
     @classmethod
-    def concat(cls, layers: list[nn.Linear], int8: bool, input_gain: Tensor | None = None) -> "PackedLinear":
+    def concat(cls, layers: list[nn.Linear], int8: bool, input_gain: Tensor | None = None,
+               kernel: Optional[str] = None) -> "PackedLinear":
         """Layers that read the same input as one matrix; input_gain (an RMSNorm's weight) folded in."""
         weight = torch.cat([layer.weight.detach().float() for layer in layers])
         if input_gain is not None:
             weight = weight * input_gain.detach().float()
-        return cls(weight, torch.cat([layer.bias.detach().float() for layer in layers]), int8)
+        return cls(weight, torch.cat([layer.bias.detach().float() for layer in layers]), int8, kernel)
 
     def __call__(self, x: Tensor, row_gain: Tensor | None = None) -> Tensor:
         return packed_product(x, self.packed, row_gain)
@@ -205,18 +242,19 @@ class FrozenBlock:
     """RecurrentBlock with packed matrices (see the module docstring): its tensors for
     block_step, and scan."""
 
-    def __init__(self, block: RecurrentBlock, int8: bool) -> None:
+    def __init__(self, block: RecurrentBlock, int8: bool, kernel: Optional[str] = None) -> None:
         self.expanded, self.gelu = block.expanded, gelu_approximation(int8)
         rglru = block.rglru
+        pack = functools.partial(PackedLinear.concat, int8=int8, kernel=kernel)
         self.weights = BlockWeights(
-            branches=PackedLinear.concat([block.gate_branch, block.input_branch], int8, block.norm.weight).packed,
+            branches=pack([block.gate_branch, block.input_branch], input_gain=block.norm.weight).packed,
             conv_taps=block.conv.weight.detach().float().T.contiguous(),
             conv_bias=block.conv.bias.detach().float(),
-            gates=PackedLinear.concat([rglru.input_gate, rglru.recurrence_gate], int8).packed,
+            gates=pack([rglru.input_gate, rglru.recurrence_gate]).packed,
             log_decay_rate=-GATE_SCALE * F.softplus(rglru.decay_param.detach().float()),
-            out=PackedLinear.concat([block.out], int8).packed,
-            mlp_in=PackedLinear.concat([block.mlp_in], int8, block.mlp_norm.weight).packed,
-            mlp_out=PackedLinear.concat([block.mlp_out], int8).packed,
+            out=pack([block.out]).packed,
+            mlp_in=pack([block.mlp_in], input_gain=block.mlp_norm.weight).packed,
+            mlp_out=pack([block.mlp_out]).packed,
             eps=torch.tensor([block.norm.eps]),
             min_norm=torch.tensor([1e-12]))
 
@@ -239,10 +277,14 @@ class FrozenStack:
     """RecurrentStack.step, block by block; the final RMSNorm is left to the caller, who folds
     `final_gain` into the matrix that reads the output and applies the per-row gain step returns."""
 
-    def __init__(self, stack: RecurrentStack, int8: bool) -> None:
-        self.blocks = [FrozenBlock(block, int8) for block in stack.blocks]
+    def __init__(self, stack: RecurrentStack, int8: bool, kernel: Optional[str] = None) -> None:
+        self.blocks = [FrozenBlock(block, int8, kernel) for block in stack.blocks]
         self.block_weights, self.gelu = [block.weights for block in self.blocks], gelu_approximation(int8)
         self.final_gain, self.eps = stack.final_norm.weight.detach().float(), torch.tensor([stack.final_norm.eps])
+        # parley::stack_step reads every block's tensors in BlockWeights' order, a Packed as its three
+        self.compiled_weights = [tensor for weights in self.block_weights for field in weights
+                                 for tensor in (field if isinstance(field, tuple) else (field,))
+                                 ] if int8 and check_int8_kernel(kernel) == "parley" else None
 
     def initial_state(self, batch: int, device=None) -> list[BlockState]:
         return [BlockState.zeros(batch, block.expanded, device) for block in self.blocks]
@@ -250,7 +292,11 @@ class FrozenStack:
     def step(self, x: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState], Tensor]:
         """-> (output before its final RMSNorm, new state, that norm's per-row gain [B, 1]):
         the caller's next matrix applies the gain (PackedLinear's row_gain)."""
-        x, convs, hs = stack_step(x, [s.conv for s in state], [s.h for s in state], self.block_weights, self.gelu)
+        convs, hs = [s.conv for s in state], [s.h for s in state]
+        if self.compiled_weights is not None:  # the whole step in one call of Parley's kernel
+            x, convs, hs = torch.ops.parley.stack_step(x, convs, hs, self.compiled_weights)
+        else:
+            x, convs, hs = stack_step(x, convs, hs, self.block_weights, self.gelu)
         return x, [BlockState(conv, h) for conv, h in zip(convs, hs)], rms_gain(x, self.eps)
 
     def scan(self, x: Tensor, state: list[BlockState]) -> tuple[Tensor, list[BlockState], Tensor]:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, FrameStacker, StreamingWindows,
-                    log_mel_windows, to_finite_float)
+                    log_mel_rows, to_finite_float)
 from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, check_turn_end_probability,
@@ -356,7 +356,10 @@ class SlotTable:
             self.release(stream)
 
 
-INT8_MAX_ROWS = 64  # batched steps of this many streams or more run the fp32 model (see SttStepper.forward)
+# Batched steps of this many streams or more run the fp32 model, by the int8 kernel in use
+# (bench/stt_step.py, one thread, nineteenth session): torch's is 1.3x the fp32 model at 16 rows
+# and slower from 64; Parley's is 2.4x at 16, 1.3x at 64, 1.05x at 256 and 0.93x at 512.
+INT8_MAX_ROWS = {"torch": 64, "parley": 256}
 
 
 class SttStepper(SlotTable):
@@ -411,9 +414,9 @@ class SttStepper(SlotTable):
     def forward(self, slots: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """One batched model step for the streams in `slots`: gather, step, scatter -> logits."""
         state = self.pool.gather(slots)
-        # int8 wins while the weights' bytes dominate: 2.8x at 1 row, 1.6x at 16, even at 64,
-        # 0.75x at 256 (bench/stt_step.py); the two forms share one state layout.
-        stepper = self.stepper if len(x) < INT8_MAX_ROWS else self.model
+        # int8 wins while the weights' bytes dominate (INT8_MAX_ROWS); both forms share one state layout.
+        kernel = getattr(self.stepper, "kernel", None)
+        stepper = self.stepper if kernel is None or len(x) < INT8_MAX_ROWS[kernel] else self.model
         ctc_logits, eot_logits, state = stepper.step(x, state)
         self.pool.scatter(slots, state)
         return ctc_logits, eot_logits
@@ -442,7 +445,7 @@ class SttStepper(SlotTable):
                 self.release(stream, exc)
         if not fed:
             return
-        mels = log_mel_windows(torch.from_numpy(np.concatenate(windows)))
+        mels = torch.from_numpy(log_mel_rows(np.concatenate(windows)))
         for stream, stream_mels in zip(fed, mels.split([len(w) for w in windows])):
             frames = stream.stacker.push(stream_mels)
             if len(frames):

@@ -33,7 +33,7 @@ from .audio import (FRAMES_PER_STEP, N_MELS, STEP_SAMPLES, SAMPLE_RATE, FrameSta
                     to_finite_float, to_float)
 from .beam import CtcBeamSearch
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
-from .inference import FrozenStack, PackedLinear, cached_freeze, gelu_for, int8_supported
+from .inference import FrozenStack, PackedLinear, cached_freeze, check_int8_kernel, gelu_for, int8_supported
 from .lm import SHIPPED_LM, NgramLm, load_lm
 from .ssm import BlockState, RecurrentStack
 from .turn import SHIPPED_TURNS, TurnCompletion, load_turns
@@ -139,14 +139,18 @@ class SttModel(nn.Module):
 class FrozenSttModel:
     """SttModel.step with int8 matrices and fused projections (engine/inference.py), same state.
 
-    About 3x faster for one stream on CPU (1.1 vs 3.2 ms per 40 ms frame, bench/stt_step.py);
-    held-out WER with the LM moved by at most 0.012 per folder (MODEL_CARD.md)."""
+    5-7x faster than the float model for one stream on an AVX2 CPU with Parley's kernel
+    (bench/stt_step.py); held-out WER with the LM as with torch's int8 kernel, within 0.005 per
+    folder (MODEL_CARD.md, nineteenth session)."""
 
-    def __init__(self, model: SttModel, int8: bool = True) -> None:
+    def __init__(self, model: SttModel, int8: bool = True, kernel: Optional[str] = None) -> None:
+        """kernel: which multiplies the int8 matrices (engine.inference.INT8_KERNELS; default
+        Parley's own where it is available, see engine/cpu_kernels.py)."""
         self.config, self.gelu = model.config, gelu_for(int8)
-        self.input = PackedLinear.concat([model.input], int8)
-        self.core = FrozenStack(model.core, int8)
-        self.heads = PackedLinear.concat([model.ctc_head, model.eot_head], int8, self.core.final_gain)
+        self.kernel = check_int8_kernel(kernel) if int8 else None  # None: fp32 matrices
+        self.input = PackedLinear.concat([model.input], int8, kernel=kernel)
+        self.core = FrozenStack(model.core, int8, kernel)
+        self.heads = PackedLinear.concat([model.ctc_head, model.eot_head], int8, self.core.final_gain, kernel)
 
     def initial_state(self, batch: int, device=None) -> list[BlockState]:
         return self.core.initial_state(batch, device)

@@ -81,6 +81,8 @@ def test_stt_step_bench_times_both_forms_side_by_side():
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     for row in result["rows"]:
         assert row["float_step_ms_p50"] > 0 and row["int8_step_ms_p50"] > 0 and row["float_over_int8_p50"] > 0
+        if result["int8_kernel"] == "parley":  # and torch's kernel beside Parley's
+            assert row["int8_torch_step_ms_p50"] > 0 and row["int8_torch_over_int8_p50"] > 0
 
 
 def test_turn_rule_sweep_scores_rules_from_one_pass(tmp_path):

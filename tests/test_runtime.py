@@ -159,7 +159,7 @@ def test_int8_batched_steps_stay_close_to_independent_ones():
 
 def test_large_batches_step_the_float_model(monkeypatch):
     """Where int8 stops paying (INT8_MAX_ROWS rows) the runtime steps the exact model."""
-    monkeypatch.setattr(runtime_module, "INT8_MAX_ROWS", 1)
+    monkeypatch.setattr(runtime_module, "INT8_MAX_ROWS", {"torch": 1, "parley": 1})
     model = small_model()
     runtime = Runtime(model, max_streams=1, device="cpu", precision="int8")
     logits = record_logits(runtime)
