@@ -25,7 +25,8 @@ from .lm import BOS, EOS, NgramLm
 NEG_INF = -math.inf
 LM_WEIGHT = 0.4  # alpha; chosen with WORD_BONUS and BEAM_WIDTH on the held-out folders without the blind voices
 WORD_BONUS = 2.5  # beta (nats per word); re-chosen for the seventeenth session's acoustic weights (1.5 before)
-BEAM_WIDTH = 16
+BEAM_WIDTH = 32  # 16 until the nineteenth session: offline WER 0.344 at 16, 0.327 at 32, 0.315 at 64 (the
+# selection folders); 64 cost the streaming path RTF 0.047-0.050 on an AVX2 CPU, 32 0.042-0.048
 OOV_LETTER_PENALTY = 3.0  # nats (times alpha) per letter that leaves every known word
 CANDIDATE_LOG_PROB = -5.0  # letters less likely than this in a frame are not considered
 
@@ -36,7 +37,7 @@ def _log_add(a: float, b: float) -> float:
     return a if b == NEG_INF else a + math.log1p(math.exp(b - a))
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a frame creates and reads hundreds of these
 class _Hypothesis:
     blank: float = NEG_INF  # log P(frames so far, ending in blank)
     letter: float = NEG_INF  # log P(frames so far, ending in the last letter)
@@ -46,8 +47,11 @@ class _Hypothesis:
     word_end: int = -1  # its latest letter's frame
 
     @property
-    def acoustic(self) -> float:
-        return _log_add(self.blank, self.letter)
+    def acoustic(self) -> float:  # _log_add(blank, letter), inline: the search's most frequent call
+        a, b = self.blank, self.letter
+        if a < b:
+            a, b = b, a
+        return a if b == NEG_INF else a + math.log1p(math.exp(b - a))
 
 
 # A prefix is (completed words, letters of the word being spelled, last token).
@@ -80,26 +84,30 @@ class CtcBeamSearch:
         grown: dict[Prefix, _Hypothesis] = {}
         for prefix, hyp in self.beams.items():
             words, partial, last = prefix
+            acoustic = hyp.acoustic
             stay = self._at(grown, prefix, hyp)
-            stay.blank = _log_add(stay.blank, hyp.acoustic + blank_lp)
+            stay.blank = _log_add(stay.blank, acoustic + blank_lp)
             for token, lp in letters:
                 if token == last:  # a repeat without a blank between collapses into the same letter
                     stay.letter = _log_add(stay.letter, hyp.letter + lp)
                     source = hyp.blank + lp
                 else:
-                    source = hyp.acoustic + lp
+                    source = acoustic + lp
                 if source == NEG_INF:
                     continue
                 if token == self.space and not partial:  # a space with no word before it changes nothing
                     target = self._at(grown, (words, partial, token), hyp)
                 elif token == self.space:
                     target = self._at(grown, (words + (partial,), "", token), self._complete(hyp, words, partial), source)
-                else:
-                    spelled = _Hypothesis(lm=hyp.lm, spans=hyp.spans,
-                                          word_start=hyp.word_start if partial else frame, word_end=frame)
-                    target = self._at(grown, (words, partial + self.vocab[token], token), spelled, source)
+                else:  # _at, without making a hypothesis just to copy its fields
+                    key, start = (words, partial + self.vocab[token], token), hyp.word_start if partial else frame
+                    target = grown.get(key)
+                    if target is None:
+                        target = grown[key] = _Hypothesis(lm=hyp.lm, spans=hyp.spans, word_start=start, word_end=frame)
+                    elif source > target.acoustic:
+                        target.spans, target.word_start, target.word_end = hyp.spans, start, frame
                 target.letter = _log_add(target.letter, source)
-        ranked = sorted(grown.items(), key=lambda item: -self._score(item[0], item[1]))
+        ranked = sorted(grown.items(), key=self._rank_key)
         self.beams = dict(ranked[: self.beam_width])
 
     def best(self) -> tuple[list[str], list[tuple[int, int]]]:
@@ -132,10 +140,12 @@ class CtcBeamSearch:
         """The words the LM conditions on: the last order - 1 after <s>."""
         return ((BOS,) + words)[1 - self.lm.order:] if self.lm.order > 1 else ()
 
-    def _score(self, prefix: Prefix, hyp: _Hypothesis) -> float:
-        partial = prefix[1]
+    def _rank_key(self, item: tuple[Prefix, _Hypothesis]) -> float:
+        """Sort key, best first: minus the score of what is spelled so far (with the letters
+        that begin no known word charged OOV_LETTER_PENALTY each)."""
+        (_, partial, _), hyp = item
         unknown = len(partial) - self.lm.known_prefix(partial) if partial else 0
-        return hyp.acoustic + hyp.lm - self.lm_weight * OOV_LETTER_PENALTY * unknown
+        return -(hyp.acoustic + hyp.lm - self.lm_weight * OOV_LETTER_PENALTY * unknown)
 
     @staticmethod
     def _at(grown: dict, prefix: Prefix, like: _Hypothesis, incoming: Optional[float] = None) -> _Hypothesis:

@@ -46,14 +46,14 @@ FRAME_S = STEP_SAMPLES / SAMPLE_RATE  # 0.04 s per model frame
 
 PARTIAL_EVERY_FRAMES = 2  # partial transcripts at most every 80 ms
 END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn when the head decides alone (turns=None)
-TURN_END_PROBABILITY = 0.97  # ... or, with the turn-completion table, P(end) from the head's log odds plus
+TURN_END_PROBABILITY = 0.98  # ... or, with the turn-completion table, P(end) from the head's log odds plus
 TURN_TEXT_WEIGHT = 1.5  # this weight times the table's log odds, clipped to +-TURN_TEXT_CLIP (so a transcript
 TURN_TEXT_CLIP = 3.0  # misheard into a "complete" one cannot end a turn the head doubts), after at least
 TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. Weight, clip and quiet frames chosen in the eleventh
-# session; the threshold in the eighteenth, on the selection folders' 632 mid-turn pauses of 0.4-0.8 s
-# (120 files each), the target's own measure: 0.93 took 6.5 % of them for turn ends at 214-231 ms p50,
-# 0.97 takes 4.9 % at 230-250 ms; in replayed calls it makes the turns that already wait wait longer
-# (MODEL_CARD.md, "Eighteenth session")
+# session; the threshold in the nineteenth, with the beam width (engine/beam.py), on the selection
+# folders' 632 mid-turn pauses of 0.4-0.8 s (120 files each), the target's own measure: width 16 and
+# 0.97 took 31 of them for turn ends at 230-250 ms p50, width 32 and 0.98 take 26 at 225-250 ms (its
+# better partials read "complete" more often: 33 at 0.97); MODEL_CARD.md, "Nineteenth session"
 SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
 # into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
 LIKELY_PROBABILITY = 0.8  # SpeechLikely: P(speech) this high, or any CTC token (the word boundary " "

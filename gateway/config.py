@@ -54,7 +54,7 @@ class Config:
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
-    turn_end_probability: float = 0.0  # P(end) that closes a caller's turn, 0-1; 0 = the engine's default (0.97). Lower answers sooner but cuts more callers off at a pause (README, engine/weights/MODEL_CARD.md)
+    turn_end_probability: float = 0.0  # P(end) that closes a caller's turn, 0-1; 0 = the engine's default (0.98). Lower answers sooner but cuts more callers off at a pause (README, engine/weights/MODEL_CARD.md)
     resume_unfinished: str = "continue"  # a resumed session's cut-off reply: continue from the first unheard word, or drop
     idle_prompt_s: float = 15.0  # conversation: a caller silent this long is asked if they are still there
     idle_hangup_s: float = 15.0  # ... and after this much more silence the call ends (reason idle)

@@ -141,6 +141,7 @@ def test_lm_grid_decodes_every_setting_from_one_model_pass():
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["files"] == 2 and len(result["grid"]) == 2
+    assert {row["beam_width"] for row in result["grid"]} == {result["shipped"]["beam_width"]}
     by_bonus = {row["word_bonus"]: row for row in result["grid"]}
     # a word costs 50 nats at bonus -50: the search says nothing, so every word is missed
     assert by_bonus[-50.0]["mean_wer"] == 1.0
