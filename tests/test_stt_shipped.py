@@ -37,8 +37,8 @@ def fixtures() -> list[tuple[np.ndarray, str]]:
             for wav in sorted([*SPEECH.glob("*.wav"), *MORE_VOICES.glob("*.wav")])]
 
 
-def stream(model, audio: np.ndarray, trailing_s: float = 1.0, precision: str = "auto") -> list:
-    recognizer, events = Recognizer(model, precision=precision), []
+def stream(model, audio: np.ndarray, trailing_s: float = 1.0, precision: str = "auto", lm="shipped") -> list:
+    recognizer, events = Recognizer(model, precision=precision, lm=lm), []
     pcm = np.concatenate([to_float(audio), np.zeros(int(trailing_s * 16000), np.float32)])
     for start in range(0, len(pcm), CHUNK):
         events += recognizer.push(pcm[start:start + CHUNK])
@@ -68,9 +68,13 @@ def test_streaming_equals_offline_on_real_speech(model):
 @torch.no_grad()
 def test_int8_streaming_stays_close_to_the_float_model(model):
     """The CPU default steps with int8 matrices (engine/inference.py): close logits, the same
-    reading. Measured on 240 held-out files: WER with the LM within 0.01 per folder."""
+    greedy reading. With the LM the beam can settle a near tie the other way on letter soup
+    (one of these six with width 32: "can i met person ow" / "can names peer of low"), so its
+    transcripts need only mostly agree; on 120 held-out files per folder WER with the LM is
+    within 0.01 of the float model's (STT model card, nineteenth session)."""
     int8 = FrozenSttModel(model)
-    refs, hyps = [], []
+    with_lm: tuple[list[str], list[str]] = ([], [])  # float's readings, int8's
+    greedy: tuple[list[str], list[str]] = ([], [])
     for audio, _ in fixtures():
         stacked = stack_frames(log_mel(torch.from_numpy(to_float(audio)))).unsqueeze(0)
         offline_ctc, _, _ = model(stacked)
@@ -80,9 +84,12 @@ def test_int8_streaming_stays_close_to_the_float_model(model):
             steps.append(ctc)
         drift = (torch.log_softmax(torch.stack(steps, 1), -1) - torch.log_softmax(offline_ctc, -1)).abs()
         assert drift.mean() < 0.1 and drift.max() < 1.0, (drift.mean(), drift.max())  # measured 0.04, 0.21
-        refs.append(" ".join(e.text for e in stream(model, audio, precision="float") if isinstance(e, Final)))
-        hyps.append(" ".join(e.text for e in stream(model, audio) if isinstance(e, Final)))
-    assert char_error_rate(refs, hyps) <= 0.05, (refs, hyps)
+        for lm, readings in (("shipped", with_lm), (None, greedy)):
+            readings[0].append(" ".join(e.text for e in stream(model, audio, precision="float", lm=lm)
+                                        if isinstance(e, Final)))
+            readings[1].append(" ".join(e.text for e in stream(model, audio, lm=lm) if isinstance(e, Final)))
+    assert char_error_rate(*greedy) <= 0.02, greedy
+    assert char_error_rate(*with_lm) <= 0.1, with_lm
 
 
 def test_events_on_real_speech_are_well_formed(model):
