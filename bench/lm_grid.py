@@ -5,8 +5,8 @@
 
 Each file goes through the model once (the float forward pass, as `transcribe` decodes offline);
 its per-frame candidate tokens are kept, and every (alpha, beta, width) on the grid decodes them
-with `engine.beam.CtcBeamSearch` and the shipped LM (decode_s: the seconds it took, all files). WER per folder, with the normalizer the bench
-uses. Offline, so it ignores what streaming adds (a turn closed early splits a transcript):
+with `engine.beam.CtcBeamSearch` and the shipped LM (decode_s: the seconds it took, all files).
+WER per folder, with the normalizer the bench uses. Offline, so it ignores what streaming adds (a turn closed early splits a transcript):
 confirm a choice with `python -m engine.bench stt`. Choose on folders that are not blind.
 """
 

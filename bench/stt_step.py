@@ -5,8 +5,8 @@
 One step is one 40 ms frame for B streams at once (`SttModel.step` for "float", the
 frozen `FrozenSttModel` of engine/inference.py for "int8", as `engine.stt.streaming_model`
 picks them; "int8_torch" is the same int8 model multiplied by torch's kernel instead of
-Parley's own, engine/cpu_kernels.py, where that is built). The two alternate every step on the same random frames and carried states, so a
-noisy machine slows both alike; the first 50 steps of each batch size are not counted.
+Parley's own, engine/cpu_kernels.py, where that is built). They alternate every step on the
+same random frames and carried states, so a noisy machine slows them alike; the first 50 steps of each batch size are not counted.
 Reported per batch size: step_ms_p50 / p95 of each, the p50 ratio, and rtf_per_stream
 (p50 step / 40 ms / B: the model's share of one stream's real-time budget).
 """

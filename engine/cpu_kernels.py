@@ -1,4 +1,5 @@
-"""Parley's own CPU kernel, `torch.ops.parley.int8_linear` (engine/csrc/int8_linear.cpp).
+"""Parley's own CPU kernels, `torch.ops.parley.int8_linear` and `torch.ops.parley.stack_step`
+(engine/csrc/int8_linear.cpp).
 
 One stream steps the STT model one frame at a time, so its products are matrix-vector
 products with int8 weights. torch's `_weight_int8pack_mm` is tuned for AVX-512: on an

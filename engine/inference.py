@@ -129,7 +129,7 @@ class PackedLinear:
 
     def __init__(self, weight: Tensor, bias: Tensor, int8: bool, kernel: Optional[str] = None) -> None:
         weight, bias = weight.detach().float(), bias.detach().float()
-        self.int8, self.kernel = int8, check_int8_kernel(kernel)
+        self.int8, self.kernel = int8, check_int8_kernel(kernel) if int8 else None  # None: fp32, no kernel choice
         if int8:
             # Quantize against the bf16 scale the kernel multiplies by, not the fp32 one it
             # was rounded from (up to 0.4 % apart): a row's gain stays exact. The clamp then
