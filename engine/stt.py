@@ -436,7 +436,11 @@ def offline_ctc_logits(model: SttModel, audio: np.ndarray) -> Tensor:
 def transcribe(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED) -> str:
     """Offline transcription of one utterance (float or int16, 16 kHz): the beam search with
     the language model, or greedy CTC when lm is None (training selects checkpoints so)."""
-    ctc_logits = offline_ctc_logits(model, audio)
+    return decode_offline(offline_ctc_logits(model, audio), lm)
+
+
+def decode_offline(ctc_logits: Tensor, lm: LmChoice = SHIPPED) -> str:
+    """The text of one utterance's CTC logits: beam search with the LM, or greedy without one."""
     if ctc_logits.shape[0] == 0:
         return ""
     language_model = resolve_lm(lm)

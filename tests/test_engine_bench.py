@@ -147,3 +147,29 @@ def test_lm_grid_decodes_every_setting_from_one_model_pass():
     assert by_bonus[-50.0]["mean_wer"] == 1.0
     assert by_bonus[2.5]["mean_wer"] < 0.9 and set(by_bonus[2.5]["wer"]) == {SPEECH.name}
     assert result["grid"][0]["word_bonus"] == 2.5, "best first"
+
+
+def test_stt_by_text_splits_prose_from_dialogue(tmp_path):
+    prose = tmp_path / "prose.txt"
+    prose.write_text("My name is Sue.\n")
+    done = subprocess.run([sys.executable, "-m", "bench.stt_by_text", "--data", str(SPEECH), "--prose", str(prose),
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["prose_sentences"] == 1
+    split = result["folders"][SPEECH.name]
+    assert split["prose"]["n"] == 1 and split["prose"]["words"] == 4
+    assert split["dialogue"]["n"] == 1 and split["dialogue"]["words"] == 5  # "timing must be perfect now"
+    assert result["all"] == split
+    # each column is what `transcribe` reads, greedy and with the shipped LM
+    from engine import stt
+    from engine.train.textnorm import normalize_for_wer
+    from engine.wavfile import read_wav
+    from engine.wer import word_error_rate
+    model = stt.load_model().eval()
+    for kind, name in (("prose", "flite_slt-020"), ("dialogue", "flite_slt-021")):
+        audio = read_wav(SPEECH / f"{name}.wav", stt.SAMPLE_RATE)
+        ref = normalize_for_wer((SPEECH / f"{name}.txt").read_text())
+        for column, lm in (("wer_greedy", None), ("wer_lm", stt.SHIPPED)):
+            expected = word_error_rate([ref], [normalize_for_wer(stt.transcribe(model, audio, lm=lm))])
+            assert split[kind][column] == round(expected, 4), (kind, column)

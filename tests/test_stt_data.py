@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.train import augment as A
-from engine.train.corpus import build_corpus, short_turn_corpus, split_corpus, text_split
+from engine.train.corpus import build_corpus, general_corpus, short_turn_corpus, split_corpus, text_split
 from engine.train.real_data import RealRecordings, find_items, speech_spans
 from engine.train.stt_data import (EOT_FRAME, END, PAUSE, SPEECH, SttDataset, call_context_example, eot_labels,
                                    make_example, make_loader, read_shard)
@@ -91,6 +91,17 @@ def test_corpus_has_mid_turn_pause_points_and_spoken_forms(corpus):
     kinds = {u.kind for u in dialogue}
     assert {"order", "money", "date_time", "address", "spell_name", "correction"} <= kinds
     assert any(" um " in f" {u.text} " or " uh " in f" {u.text} " for u in dialogue)
+
+
+def test_the_general_corpus_is_the_main_corpus_prose_alone(tmp_path):
+    (tmp_path / "fortunes").write_text(
+        "A stitch in time saves nine, or so they say.\n%\nNever put off until tomorrow what you can do today.\n"
+        "%\nHe who hesitates is lost, my friend, and the rest follow.\n%\nTOO LOUD.\n")
+    general = general_corpus(seed=7, fortunes_dir=str(tmp_path))
+    main = build_corpus(seed=7, n_dialogue=50, fortunes_dir=str(tmp_path))
+    assert len(general) == 3 and all(u.kind == "general" for u in general)
+    assert [(u.segments, u.text) for u in general] == [(u.segments, u.text) for u in main if u.kind == "general"]
+    assert len(main) == 53, "the dialogue that follows is unchanged in number"
 
 
 def test_short_turns_are_complete_single_stretches_of_speech():

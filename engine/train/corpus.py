@@ -414,15 +414,26 @@ def short_turn_corpus(seed: int = SEED, n: int = N_SHORT) -> list[Utterance]:
 
 # ---------------------------------------------------------------- the corpus
 
-def build_corpus(seed: int = SEED, n_dialogue: int = N_DIALOGUE,
-                 fortunes_dir: str = FORTUNES_DIR) -> list[Utterance]:
-    """All distinct utterances (general + dialogue), deterministic for a seed."""
-    rng = random.Random(seed)
+def _general_utterances(rng: random.Random, fortunes_dir: str) -> dict[str, Utterance]:
     out: dict[str, Utterance] = {}
     for s in general_sentences(fortunes_dir):
         u = general_utterance(s, rng)
         if u.text:
             out.setdefault(u.text, u)
+    return out
+
+
+def general_corpus(seed: int = SEED, fortunes_dir: str = FORTUNES_DIR) -> list[Utterance]:
+    """The general-English part of build_corpus alone (the same utterances, so the same test
+    split): prose is where the model is weakest, and this lets a folder of shards hold only it."""
+    return list(_general_utterances(random.Random(seed), fortunes_dir).values())
+
+
+def build_corpus(seed: int = SEED, n_dialogue: int = N_DIALOGUE,
+                 fortunes_dir: str = FORTUNES_DIR) -> list[Utterance]:
+    """All distinct utterances (general + dialogue), deterministic for a seed."""
+    rng = random.Random(seed)
+    out = _general_utterances(rng, fortunes_dir)
     n_general = len(out)
     attempts = 0
     while len(out) < n_general + n_dialogue and attempts < 20 * n_dialogue:

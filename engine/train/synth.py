@@ -2,6 +2,7 @@
 
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt --hours 20 &
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-short --corpus short --hours 0.8 &
+    nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-general --corpus general --hours 3 &
     nohup nice -n 19 .venv/bin/python -m engine.train.synth --out data/stt-shifted --voices shifted --hours 3 --seed 2031 --shard-size 100 &
     python -m engine.train.synth --out data/stt --report      # hours and speed per engine
 
@@ -28,7 +29,7 @@ import time
 import numpy as np
 
 from engine.train import voices
-from engine.train.corpus import SEED, build_corpus, short_turn_corpus, split_corpus
+from engine.train.corpus import SEED, build_corpus, general_corpus, short_turn_corpus, split_corpus
 
 SAMPLE_RATE = voices.SAMPLE_RATE  # Hz
 SHARD_UTTERANCES = 200            # ~15 min of audio per shard
@@ -82,7 +83,7 @@ def shard_path(out: str, k: int, ext: str) -> str:
     return os.path.join(out, f"shard-{k:05d}.{ext}")
 
 
-CORPORA = {"main": build_corpus, "short": short_turn_corpus}  # --corpus: which texts to speak
+CORPORA = {"main": build_corpus, "short": short_turn_corpus, "general": general_corpus}  # --corpus: which texts to speak
 
 
 class ShardPlan:
@@ -204,7 +205,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="processes (one ONNX thread each)")
     p.add_argument("--shard-size", type=int, default=SHARD_UTTERANCES, help="utterances per shard")
     p.add_argument("--corpus", choices=sorted(CORPORA), default="main",
-                   help="main: prose and contact-center turns; short: short complete answers (own folder)")
+                   help="main: prose and contact-center turns; short: short complete answers; general: prose alone (own folders)")
     p.add_argument("--voices", choices=sorted(voices.VOICE_MIXES), default="all",
                    help="all: every engine's pool; shifted: WORLD-shifted flite and espeak-ng speakers (own folder)")
     p.add_argument("--report", action="store_true", help="print hours and speed per engine, then exit")
