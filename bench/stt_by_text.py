@@ -62,10 +62,11 @@ def main() -> None:
             with torch.no_grad():
                 logits = stt.offline_ctc_logits(model, read_wav(wav, stt.SAMPLE_RATE))
             kind = "prose" if ref in prose else "dialogue"
-            for column, text_read in enumerate((ref, stt.decode_offline(logits, None), stt.decode_offline(logits, lm))):
-                value = text_read if column == 0 else normalize_for_wer(text_read)
-                rows[kind][column].append(value)
-                pooled[kind][column].append(value)
+            readings = (ref, normalize_for_wer(stt.decode_offline(logits, None)),
+                        normalize_for_wer(stt.decode_offline(logits, lm)))
+            for columns in (rows[kind], pooled[kind]):
+                for column, reading in zip(columns, readings):
+                    column.append(reading)
         folders[Path(folder).name] = {kind: score(*columns) for kind, columns in rows.items() if columns[0]}
     print(json.dumps({"benchmark": "stt_by_text", "weights": args.weights or "shipped",
                       "prose_sentences": len(prose), "folders": folders,
