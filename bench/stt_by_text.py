@@ -52,15 +52,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     prose = prose_sentences(args.prose)
-    model = stt.load_model(Path(args.weights) if args.weights else None).eval()
+    model = stt.load_model(Path(args.weights) if args.weights else None)
     lm = stt.resolve_lm(stt.SHIPPED)
     folders, pooled = {}, {kind: ([], [], []) for kind in KINDS}
     for folder in args.data:
         rows = {kind: ([], [], []) for kind in KINDS}
         for wav, text in pairs(Path(folder))[: args.limit or None]:
             ref = normalize_for_wer(text)
-            with torch.no_grad():
-                logits = stt.offline_ctc_logits(model, read_wav(wav, stt.SAMPLE_RATE))
+            logits = stt.offline_ctc_logits(model, read_wav(wav, stt.SAMPLE_RATE))  # eval mode, no autograd
             kind = "prose" if ref in prose else "dialogue"
             readings = (ref, normalize_for_wer(stt.decode_offline(logits, None)),
                         normalize_for_wer(stt.decode_offline(logits, lm)))
