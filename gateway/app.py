@@ -28,6 +28,7 @@ from .engine_host import EngineHost
 from .events import EventChannel
 from .ice import bind_media_ports, parse_port_range
 from .keeper import LiveSession, SessionBusy, SessionKeeper
+from .logs import CallLogger
 from .nodes import NodeRegistry, NodeStatus
 from .sessions import SessionNotFound, StoreUnavailable, open_store
 from .conversation import Conversation
@@ -227,7 +228,11 @@ class CallRegistry:
                                     history=record.history, pending=record.in_progress, hang_up=hang_up,
                                     resume_unfinished=self.config.resume_unfinished, on_change=saved,
                                     idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
-                                    max_turn_s=self.config.max_turn_s, recording=self._recording(record.session_id))
+                                    max_turn_s=self.config.max_turn_s, recording=self._recording(record.session_id),
+                                    reopen_stt=lambda: self.engine.open_stt(record.session_id),
+                                    log_content=self.config.privacy_log_content,
+                                    logger=CallLogger(logging.getLogger("parley.conversation"),
+                                                      {"session_id": record.session_id}))
         return conversation
 
     def _recording(self, session_id: str) -> Optional[CallRecording]:

@@ -27,10 +27,10 @@ MIGRATE_FLUSH_S = 1.0  # longest wait for session.migrate to leave the data chan
 
 
 PEER_CHECK_S = 1.0  # how often a connected call checks that its peer is still there
-# Ends the client must not undo by reconnecting: it hung up, or the session went on elsewhere.
-# Ends the client must not resume: they hung up, the session moved on, or the assistant ended
-# the call (a goodbye, or a caller who stayed silent).
-FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over", "assistant_ended", "idle"})
+# Ends the client must not resume: they hung up, the session moved on, the assistant ended
+# the call (a goodbye, or a caller who stayed silent), or it failed in a way a resume would
+# only repeat (the recognizer could not be kept going, or the call's mode crashed).
+FINAL_REASONS = frozenset({"hangup", "replaced", "taken_over", "assistant_ended", "idle", "stt_failed", "error"})
 ENDED_FLUSH_S = 0.5  # longest wait for session.ended to leave before the connection closes
 
 
@@ -112,12 +112,28 @@ class Call:
         self._spawn(self._stats_loop())
         self._spawn(self._connect_watchdog())
         self._spawn(self._peer_watchdog())
-        self._spawn(self.mode.run())
+        self._start_mode()
         self.log.info("call answered", extra={"mode": self.config.mode})
         return enable_opus_fec(answer)
 
-    def _spawn(self, coro) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        return task
+
+    def _start_mode(self) -> None:
+        self._spawn(self.mode.run()).add_done_callback(self._mode_ended)
+
+    def _mode_ended(self, task: asyncio.Task) -> None:
+        """The mode's run() ended. Returned or cancelled: the mode has dealt with its own end
+        (a failed stream is reported by transcribe and conversation; echo-test has nothing to
+        run). Raised: nothing hears the caller any more, so the call must not stay up deaf:
+        tell the caller (error `call_failed`) and the operator (log, metrics), and end it."""
+        if task.cancelled() or task.exception() is None or self._closing:
+            return
+        self.log.error("call mode failed: ending the call", exc_info=task.exception(), extra={"mode": self.config.mode})
+        self.events.error("call_failed", "the call failed on the gateway and ends")
+        self._spawn(self.close("error"))
 
     # -- events -----------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class Config:
     resume_token_ttl_s: int = 3600
     retry_after_s: int = 2  # Retry-After on 429/503
     drain_timeout_s: float = 30.0  # after SIGTERM, live calls may continue this long before session.migrate
-    privacy_log_content: bool = False  # allow audio/transcript text in logs
+    privacy_log_content: bool = False  # allow transcript text in logs (conversation turns); off: word counts only. Audio is never logged
     engine_device: str = "auto"  # auto = CUDA when present, else CPU
     engine_max_streams: int = 64  # engine state slots (one per call); calls beyond get 503
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default

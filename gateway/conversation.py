@@ -52,6 +52,17 @@ never pauses still gets an answer.
 Responder actions (Handoff, EndCall) are performed once the text before them has played:
 `session.handoff {reason}`, or the call ends with reason `assistant_ended`.
 
+Failures reach the caller (an `error` event, and an apology where the voice still works) and
+the operator (a log line, and `parley_call_errors_total{code}` from the event), and never
+leave the call deaf or wedged. A failed recognizer stream is replaced (`stt_failed`: the turn
+in progress is lost, so the caller is asked to say it again); one that cannot be, or keeps
+failing, ends the call with a spoken goodbye (reason `stt_failed`). A reply whose voice fails
+(its TTS stream breaks, or none can be opened: `tts_failed`) ends there, like a barge-in: the
+history keeps the words heard, and the caller has the floor again.
+
+Logs carry transcript text only with `privacy_log_content`; otherwise a turn's log line
+has its word count alone.
+
 Every transition is an event on the data channel (docs/events.md); `metrics.turn` breaks
 each reply's latency down by stage, up to the first frame sent. The browser's playout start
 is the last stage: the page reports it (`playout.started {turn}`), and a second
@@ -98,6 +109,11 @@ MAX_PLAYOUT_DELAY_S = 0.4  # a longer playout report is a stalled page, not its 
 IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
+STT_APOLOGY = "Sorry, I missed that. Could you say it again?"
+STT_GOODBYE = "Sorry, I can't hear you anymore, so I'll end the call now. Please call again."
+# A recognizer stream fails alone (its own audio or decoding), so a new one normally works; one
+# that fails again and again is the engine failing, and the call ends rather than retry forever.
+STT_REOPENS = 3
 
 
 @dataclass
@@ -214,8 +230,13 @@ class Conversation:
                  resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
                  speculate_after_s: Optional[float] = SPECULATE_AFTER_S,
-                 recording: Optional[CallRecording] = None) -> None:
+                 recording: Optional[CallRecording] = None, reopen_stt: Optional[Callable[[], Any]] = None,
+                 log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None) -> None:
         self.stt = stt
+        self.reopen_stt = reopen_stt  # a new recognizer stream for this call (None: a failed one ends the call)
+        self._stt_failures = 0
+        self.log_content = log_content  # privacy_log_content: transcript text may go to the logs
+        self.log = logger or log
         self.recording = recording
         self.open_tts = open_tts
         self.responder = responder
@@ -282,8 +303,18 @@ class Conversation:
         elif not self.history:  # a new session: the responder may speak first (a greeting)
             self._start_reply(StageTimes(), greeting=True)
         self._spawn(self._watch_limits())
-        async for event in self.stt.events():
-            self.on_stt_event(event)
+        while await self._listen():
+            pass
+
+    async def _listen(self) -> bool:
+        """Drive the loop from the recognizer's events; True when a failed stream was replaced
+        (listen again), False when the stream ended (the call is closing) or the call must end."""
+        try:
+            async for event in self.stt.events():
+                self.on_stt_event(event)
+        except Exception as exc:  # StreamFailed: the engine closed this stream on an error of its own
+            return self._on_stt_failed(exc)
+        return False
 
     def close(self) -> None:
         self._cancel_reply()
@@ -295,6 +326,54 @@ class Conversation:
         if self.recording is not None:
             self.recording.close()
         self._spawn_detached(self.responder.aclose())
+
+    # -- a failed recognizer -----------------------------------------------------------------
+
+    def _on_stt_failed(self, exc: Exception) -> bool:
+        """The recognizer stream failed: without a new one the caller would never be heard again.
+        A caller expects to go on talking, so reopen it (True) and ask them to repeat what was
+        lost; if that is impossible or it keeps failing, say so and end the call (False)."""
+        self._stt_failures += 1
+        stt = self._reopen_stt() if self._stt_failures <= STT_REOPENS else None
+        self.log.warning("speech recognition failed", extra={"error": type(exc).__name__, "reopened": stt is not None,
+                                                             "failures": self._stt_failures})
+        self.events.error("stt_failed", "speech recognition failed: " + (
+            "listening again; the words being spoken were lost" if stt is not None else "the call ends"))
+        self._forget_caller_turn()
+        if stt is None:
+            if self.reply is not None:
+                self._cut_reply(self.reply)
+            self.say(STT_GOODBYE, hang_up="stt_failed")
+            return False
+        self.stt = stt
+        if self.reply is None:  # (during a reply the caller was listening: nothing of theirs was lost)
+            self.say(STT_APOLOGY)
+        return True
+
+    def _reopen_stt(self) -> Any:
+        if self.reopen_stt is None:
+            return None
+        try:
+            return self.reopen_stt()
+        except Exception as exc:  # CapacityError, or the engine closing
+            self.log.warning("speech recognition could not be reopened", extra={"error": type(exc).__name__})
+            return None
+
+    def _forget_caller_turn(self) -> None:
+        """The caller's turn in progress went with the failed stream: no Final or end of turn
+        will come for it, so nothing may wait for them."""
+        self._user_text = []
+        self._partial = ("", 0.0)
+        if self._speculation is not None:
+            self._speculation.cancel()
+            self._speculation = None
+        self._turn_started = None
+        self._forcing_turn_end = False
+        self._speech_end = None
+        self._onset_at = None
+        self._caller_quiet.set()
+        if self.state == "user_speaking":
+            self._set_state("listening")
 
     # -- the caller's side --------------------------------------------------------------------
 
@@ -373,7 +452,7 @@ class Conversation:
             return
         text = " ".join(self._user_text)
         self._user_text = []
-        self.history.append(Turn("user", text))
+        self._record(Turn("user", text))
         self.on_change()
         times = StageTimes(speech_end=self._speech_end, end_of_turn=time.monotonic())
         self._speech_end = None
@@ -438,10 +517,10 @@ class Conversation:
         a notice; it is a reply like any other (barge-in, history, metrics)."""
         async def deltas() -> AsyncIterator[Any]:
             yield text
-            if hang_up:
-                yield _HangUp(hang_up)
 
         self._start_reply(StageTimes(), deltas=deltas())
+        if hang_up:  # (an action of the reply from the start: it is performed even if the voice fails)
+            self.reply.actions.append(_HangUp(hang_up))
 
     # -- Parley's side --------------------------------------------------------------------------
 
@@ -449,14 +528,15 @@ class Conversation:
         """A resumed session whose last reply was cut off by the drop."""
         heard_words = len(pending.heard_text.split())
         if self.resume_unfinished == "drop" or heard_words >= len(pending.text.split()):
-            self.history.append(Turn("assistant", pending.text, heard_text=pending.heard_text))
+            self._record(Turn("assistant", pending.text, heard_text=pending.heard_text))
             self._set_progress(None)
             return
         self.turns += 1
         reply = self.reply = Reply(self.turns, text=pending.text, responder_done=True, skipped_words=heard_words)
         self._set_state("responding")
         self.events.emit("response.resumed", turn=reply.turn, from_word=heard_words)
-        self._tts = self._new_tts(reply)
+        if not self._open_voice(reply):
+            return
         self._tts.push_text(" ".join(pending.text.split()[heard_words:]))
         self._tts.end()
         self._reply_task = self._spawn(self._finish(reply))
@@ -481,22 +561,27 @@ class Conversation:
 
     async def _produce(self, reply: Reply, deltas: AsyncIterator[Any]) -> None:
         """Responder deltas -> events and TTS; then wait for the audio to play out."""
-        self._tts = self._new_tts(reply)
-        try:
-            async with contextlib.aclosing(deltas):
-                async for item in deltas:
-                    self._take(reply, item)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failing responder must never leave the caller in silence
-            code = exc.code if isinstance(exc, ResponderError) else "responder_failed"
-            log.warning("responder failed", extra={"error": code})
-            self.events.error(code, "the assistant could not answer, and apologised")
-            self._take(reply, (" " if reply.text else "") + APOLOGY)
+        async with contextlib.aclosing(deltas):
+            if not self._open_voice(reply):
+                return
+            await self._take_all(reply, deltas)
         reply.responder_done = True
         if self._tts is not None:
             self._tts.end()
         await self._finish(reply)
+
+    async def _take_all(self, reply: Reply, deltas: AsyncIterator[Any]) -> None:
+        """Every responder delta into the reply; a responder that fails is apologised for."""
+        try:
+            async for item in deltas:
+                self._take(reply, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failing responder must never leave the caller in silence
+            code = exc.code if isinstance(exc, ResponderError) else "responder_failed"
+            self.log.warning("responder failed", extra={"error": code})
+            self.events.error(code, "the assistant could not answer, and apologised")
+            self._take(reply, (" " if reply.text else "") + APOLOGY)
 
     def _take(self, reply: Reply, item: Any) -> None:
         """One responder delta: text is shown and spoken at once; actions wait for playback."""
@@ -511,6 +596,15 @@ class Conversation:
             self._tts.push_text(item)
         self._set_progress(reply)
 
+    def _open_voice(self, reply: Reply) -> bool:
+        """Open the reply's TTS stream; False (the reply is over) when none can be had."""
+        try:
+            self._tts = self._new_tts(reply)
+        except Exception as exc:  # CapacityError: every TTS slot is taken, or the engine is closing
+            self._on_tts_failed(reply, exc)
+            return False
+        return True
+
     def _new_tts(self, reply: Reply) -> Any:
         tts = self.open_tts()
         self._spawn(self._play(reply, tts))
@@ -518,15 +612,36 @@ class Conversation:
 
     async def _play(self, reply: Reply, tts: Any) -> None:
         """TTS events -> the pacer (audio) and the reply's word marks."""
-        async for event in tts.events():
-            if tts is not self._tts:
-                return  # cancelled (barge-in): this stream's remaining audio must not play
-            if isinstance(event, WordMark):
-                reply.marks.append((event.word, event.sample_offset))
-            elif isinstance(event, Audio):
-                self._write_audio(reply, event)
+        try:
+            async for event in tts.events():
+                if tts is not self._tts:
+                    return  # cancelled (barge-in): this stream's remaining audio must not play
+                if isinstance(event, WordMark):
+                    reply.marks.append((event.word, event.sample_offset))
+                elif isinstance(event, Audio):
+                    self._write_audio(reply, event)
+        except Exception as exc:  # StreamFailed: no more audio will come for this reply
+            if tts is self._tts:
+                self._on_tts_failed(reply, exc)
+            return
         if tts is self._tts:
             reply.tts_done = True
+
+    def _on_tts_failed(self, reply: Reply, exc: Exception) -> None:
+        """The reply lost its voice: it ends here, as if interrupted (its queued audio dropped, the
+        history keeping the words heard), and the caller has the floor: the state is listening
+        again, so the idle watchdog runs. No spoken apology: there is no voice to give it in."""
+        if self.reply is not reply:
+            return  # already over (a barge-in, a newer reply)
+        self.log.warning("speech synthesis failed: the reply ends", extra={"error": type(exc).__name__,
+                                                                           "turn": reply.turn})
+        self.events.emit("error", code="tts_failed", message="speech synthesis failed: the reply ended early",
+                         turn=reply.turn)
+        self._cut_reply(reply)
+        self._set_state("listening")
+        self._last_activity = time.monotonic()
+        for action in reply.actions:  # what the reply was to do after its text still happens (a hang-up)
+            self._spawn(self._perform(action))
 
     def _write_audio(self, reply: Reply, audio: Audio) -> None:
         if reply.start_sample is None:
@@ -591,7 +706,7 @@ class Conversation:
         if reply.times.first_audio is not None:  # (an empty greeting plays nothing)
             self.events.emit("response.audio.end", turn=reply.turn)
         if reply.text:
-            self.history.append(Turn("assistant", reply.text, heard_text=reply.text))
+            self._record(Turn("assistant", reply.text, heard_text=reply.text))
         self.reply = None
         self._set_progress(None)
         self._set_state("listening")
@@ -638,15 +753,21 @@ class Conversation:
     def _barge_in(self) -> None:
         """The caller spoke a word over the reply: silence now, keep only what was heard."""
         reply = self.reply
+        heard, played_ms = self._cut_reply(reply)
+        self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)
+        self._set_state("user_speaking")
+        self._turn_started = time.monotonic()
+
+    def _cut_reply(self, reply: Reply) -> tuple[str, int]:
+        """Stop the reply now; the history keeps the words the caller heard. (heard text, played ms)"""
         heard, played_ms = reply.heard(self.pacer, self._unheard_samples())
         self.pacer.flush()
         self._cancel_reply()
-        self.events.emit("response.interrupted", turn=reply.turn, heard_text=heard, played_ms=played_ms)
-        self.history.append(Turn("assistant", reply.text, heard_text=heard))
+        if reply.text:
+            self._record(Turn("assistant", reply.text, heard_text=heard))
         self.reply = None
         self._set_progress(None)
-        self._set_state("user_speaking")
-        self._turn_started = time.monotonic()
+        return heard, played_ms
 
     def _stop_tts(self) -> None:
         tts, self._tts = self._tts, None
@@ -656,14 +777,27 @@ class Conversation:
     def _cancel_reply(self) -> None:
         self._end_pause()
         self._stop_tts()
-        if self._reply_task is not None:
-            self._reply_task.cancel()
-            self._reply_task = None
+        task, self._reply_task = self._reply_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()  # (a reply ending itself, e.g. with no voice to be had, just returns)
 
     # -- helpers --------------------------------------------------------------------------------
 
     def _set_state(self, state: str) -> None:
         self.state = state
+
+    def _record(self, turn: Turn) -> None:
+        """A finished turn: into the history, and into the log (its text only when
+        privacy_log_content allows; the word counts always)."""
+        self.history.append(turn)
+        fields: dict[str, Any] = {"role": turn.role, "words": len(turn.text.split())}
+        if turn.heard_text is not None:
+            fields["heard_words"] = len(turn.heard_text.split())
+        if self.log_content:
+            fields["text"] = turn.text
+            if turn.heard_text is not None and turn.heard_text != turn.text:
+                fields["heard_text"] = turn.heard_text
+        self.log.info("turn", extra=fields)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,4 +1,5 @@
-"""Structured JSON logs that carry call and session ids (never audio, transcripts or tokens)."""
+"""Structured JSON logs that carry call and session ids (never audio or tokens; transcript
+text only with privacy_log_content, gateway/conversation.py)."""
 
 from __future__ import annotations
 

@@ -56,6 +56,9 @@ class Metrics:
                                     "browser_playout (first frame sent -> the page's playout report)",
                                     ["stage"], buckets=TURN_BUCKETS_S, registry=r)
         self.interruptions = Counter("parley_barge_ins", "Replies the caller interrupted", registry=r)
+        self.errors = Counter("parley_call_errors", "error events sent to callers, by code (docs/events.md): "
+                              "stt_failed, tts_failed, call_failed, responder_*, bad_message, ...",
+                              ["code"], registry=r)
         self._seen_concealed: dict[str, int] = {}
         self._seen_frames: dict[str, int] = {}
 
@@ -72,6 +75,8 @@ class Metrics:
                     self.turn_stage.labels(stage=stage).observe(value / 1000.0)
         elif event["type"] == "response.interrupted":
             self.interruptions.inc()
+        elif event["type"] == "error":
+            self.errors.labels(code=event.get("code", "unknown")).inc()
 
     def call_ended(self, call: "Call") -> None:
         """Count a closed call by outcome and take its last media sample."""

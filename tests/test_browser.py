@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from playwright.async_api import async_playwright
 
+from tests.conftest import missing
 from tests.signals import chirp_sequence, find_signal, match_chirps, resample, write_wav
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,7 +34,11 @@ DELAY_SPREAD_S = 0.15  # adaptive playout (both jitter buffers) shifts chirps by
 WAIT_MS = 30_000  # generous: a loaded 2-core machine runs Chromium and the gateway together
 SCREENSHOT = Path("/tmp/parley_demo.png")
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM}")
+
+@pytest.fixture(autouse=True)
+def chromium() -> None:
+    if not CHROMIUM.exists():
+        missing(f"needs Chromium at {CHROMIUM} (apt-get install chromium; `make test` does)")
 
 
 def chromium_args(wav: Path) -> list[str]:

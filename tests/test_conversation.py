@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import numpy as np
 import pytest
 
+from engine import CapacityError, StreamFailed
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
 from gateway.conversation import FALSE_INTERRUPTION_S, MAX_PAUSE_S, Conversation
 from gateway.events import EventChannel
@@ -72,7 +74,57 @@ class ToneTts:
             item = await self._queue.get()
             if item is _END:
                 return
+            if isinstance(item, BaseException):
+                raise item  # the engine failed this stream
             yield item
+
+
+class FailingTts(ToneTts):
+    """A ToneTts that the engine fails once `words` words have been synthesized: their audio
+    comes out, then events() raises StreamFailed (as the runtime does for a broken stream)."""
+
+    def __init__(self, words: int) -> None:
+        super().__init__()
+        self.words = words
+
+    def _say(self, word: str) -> None:
+        if len(self.spoken) == self.words:
+            self._queue.put_nowait(StreamFailed("TTS stream 's' failed: RuntimeError('decoder diverged')"))
+        super()._say(word)
+
+
+class ScriptedStt:
+    """A recognizer stream the test drives: `hear` gives it events, `fail` breaks it as the
+    runtime does (events() raises StreamFailed; pushes after that are ignored)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.closed = False
+
+    def push(self, pcm: np.ndarray) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def hear(self, text: str) -> None:
+        words = [(word, 0.2 + 0.35 * i, 0.5 + 0.35 * i) for i, word in enumerate(text.split())]
+        for event in (SpeechStart(0.1), Partial(text), Final(text, words), EndOfTurn(0.9)):
+            self._queue.put_nowait(event)
+
+    def fail(self) -> None:
+        self._queue.put_nowait(StreamFailed("STT stream 's' failed: ValueError('audio is not finite')"))
+
+    async def events(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.put_nowait(_END)
 
 
 class IdleStt:
@@ -93,21 +145,35 @@ class IdleStt:
 
 
 class Harness:
-    def __init__(self, responder: Responder, history: Optional[list[Turn]] = None, **options) -> None:
+    """`open_tts` makes each reply's TTS stream (ToneTts by default); `open_stt`, when given,
+    makes the recognizer stream and each one that replaces a failed one (else IdleStt)."""
+
+    def __init__(self, responder: Responder, history: Optional[list[Turn]] = None,
+                 open_tts: Callable[[], Any] = ToneTts, open_stt: Optional[Callable[[], Any]] = None,
+                 **options) -> None:
         self.sent: list[dict] = []
         self.pacer = PacedAudioTrack()
-        self.tts_streams: list[ToneTts] = []
+        self.tts_streams: list[Any] = []
+        self.stt_streams: list[Any] = []
         self.hung_up: list[str] = []
+        self._make_tts, self._make_stt = open_tts, open_stt
         events = EventChannel(on_emit=lambda event, text: self.sent.append(event))
-        self.conversation = Conversation(IdleStt(), self._open_tts, responder, self.pacer, events,
+        stt = self._open_stt() if open_stt is not None else IdleStt()
+        if open_stt is not None:
+            options["reopen_stt"] = self._open_stt
+        self.conversation = Conversation(stt, self._open_tts, responder, self.pacer, events,
                                          history=history if history is not None else [],
                                          hang_up=self._hang_up, on_change=self._changed, **options)
         self.changes = 0
         self._player = asyncio.ensure_future(self._play())
 
-    def _open_tts(self) -> ToneTts:
-        self.tts_streams.append(ToneTts())
+    def _open_tts(self) -> Any:
+        self.tts_streams.append(self._make_tts())
         return self.tts_streams[-1]
+
+    def _open_stt(self) -> Any:
+        self.stt_streams.append(self._make_stt())
+        return self.stt_streams[-1]
 
     def _changed(self) -> None:
         self.changes += 1
@@ -136,6 +202,12 @@ class Harness:
             assert time.monotonic() < deadline, f"no {type_} within {DEADLINE_S} s; got {self.types()}"
             await asyncio.sleep(0.01)
         return [e for e in self.sent if e["type"] == type_][count - 1]
+
+    async def wait_until(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: not within {DEADLINE_S} s; got {self.types()}"
+            await asyncio.sleep(0.01)
 
     async def frames_sent(self, count: int) -> None:
         target = self.pacer.stats.frames_sent + count
@@ -503,3 +575,116 @@ async def test_when_the_caller_says_more_the_early_attempt_is_dropped_unheard(ha
     assert deltas == ["Answer to: what time do you close"], "nothing from the early attempt is shown or spoken"
     assert responder.abandoned == ["what time"]
     assert h.tts_streams[-1].spoken == "Answer to: what time do you close".split()
+
+
+# -- failures: a broken recognizer or voice must neither deafen nor wedge the call ----------------
+
+def texts(h: Harness) -> str:
+    return " ".join(e["delta"] for e in h.sent if e["type"] == "response.text.delta")
+
+
+async def test_a_failed_recognizer_stream_is_reopened_and_the_caller_asked_to_repeat(harness):
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], open_stt=ScriptedStt, idle_prompt_s=60)
+    h.start()
+    first = h.stt_streams[0]
+    first.fail()
+    error = await h.wait_for("error")
+    assert error["code"] == "stt_failed"
+    await h.wait_for("response.audio.end")
+    assert "say it again" in texts(h), "the caller is told, in the voice that still works"
+    assert len(h.stt_streams) == 2 and h.conversation.stt is h.stt_streams[1], "a new stream listens"
+    h.stt_streams[1].hear("where is my order")
+    await h.wait_for("response.audio.end", count=2)
+    assert h.conversation.history[-2:] == [Turn("user", "where is my order"),
+                                           Turn("assistant", "You said: where is my order",
+                                                heard_text="You said: where is my order")]
+    assert h.hung_up == []
+
+
+async def test_a_recognizer_that_cannot_be_reopened_ends_the_call_with_a_goodbye(harness):
+    opened: list[ScriptedStt] = []
+
+    def open_stt() -> ScriptedStt:
+        if opened:
+            raise CapacityError("all 1 STT slots are in use")
+        opened.append(ScriptedStt())
+        return opened[0]
+
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], open_stt=open_stt, idle_prompt_s=60)
+    h.start()
+    opened[0].fail()
+    error = await h.wait_for("error")
+    assert error["code"] == "stt_failed"
+    await h.wait_until(lambda: h.hung_up, "the deaf call was ended")
+    assert h.hung_up == ["stt_failed"]
+    assert "can't hear you" in texts(h) and "response.audio.end" in h.types(), "said before hanging up"
+
+
+async def test_a_voice_failing_mid_reply_ends_the_reply_and_gives_the_caller_the_floor(harness):
+    streams = iter([FailingTts(words=3)])
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], open_tts=lambda: next(streams, None) or ToneTts(),
+                idle_prompt_s=1.0)
+    h.start()
+    h.say(LONG)
+    error = await h.wait_for("error")
+    assert error["code"] == "tts_failed" and error["turn"] == 1
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    user, assistant = h.conversation.history[-2:]
+    assert user == Turn("user", LONG)
+    assert assistant.role == "assistant" and assistant.text.startswith("You said: one")
+    heard = assistant.heard_text.split()
+    assert heard == assistant.text.split()[:len(heard)] and len(heard) <= 3, "only what was played before the failure"
+    assert "response.audio.end" not in h.types()
+    # Listening again, the idle watchdog runs: a silent caller is asked, in a voice that works.
+    await h.wait_until(lambda: "still there" in texts(h), "the idle prompt")
+    await h.wait_for("response.audio.end")
+
+
+async def test_no_free_voice_for_a_reply_ends_it_instead_of_wedging_the_call(harness):
+    refused: list[int] = []
+
+    def open_tts() -> ToneTts:
+        if not refused:
+            refused.append(1)
+            raise CapacityError("all 1 TTS slots are in use")
+        return ToneTts()
+
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], open_tts=open_tts, idle_prompt_s=60)
+    h.start()
+    h.say("hello there")
+    error = await h.wait_for("error")
+    assert error["code"] == "tts_failed" and error["turn"] == 1
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    assert h.conversation.history == [Turn("user", "hi"), Turn("user", "hello there")]
+    h.say("are you there")
+    await h.wait_for("response.audio.end")
+    assert h.conversation.history[-1].heard_text == "You said: are you there"
+
+
+async def test_a_resumed_reply_with_no_free_voice_is_recorded_as_cut_short(harness):
+    from gateway.sessions import PendingTurn
+
+    def open_tts() -> ToneTts:
+        raise CapacityError("all 1 TTS slots are in use")
+
+    pending = PendingTurn("Your order ships on Monday morning.", 900, "Your order ships")
+    h = harness(EchoResponder(), history=[Turn("user", "where is my order")], pending=pending, open_tts=open_tts,
+                idle_prompt_s=60)
+    h.start()
+    error = await h.wait_for("error")
+    assert error["code"] == "tts_failed"
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    assert h.conversation.history[-1] == Turn("assistant", pending.text, heard_text="Your order ships")
+    assert h.conversation.in_progress is None
+
+
+@pytest.mark.parametrize("log_content", [False, True])
+async def test_logs_carry_transcript_text_only_when_privacy_log_content_allows(harness, caplog, log_content):
+    caplog.set_level(logging.INFO, logger="parley.conversation")
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], log_content=log_content)
+    h.say("my card number is four two")
+    await h.wait_for("response.audio.end")
+    turns = [r for r in caplog.records if r.name == "parley.conversation" and r.getMessage() == "turn"]
+    assert [(r.role, r.words) for r in turns] == [("user", 6), ("assistant", 8)], "each turn is logged"
+    logged = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert ("card number" in logged) is log_content

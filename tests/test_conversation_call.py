@@ -15,6 +15,7 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from engine import SpeechEngine
@@ -193,6 +194,33 @@ async def test_a_caller_who_never_pauses_is_answered_at_the_turn_limit(start_gat
     assert reply["delta"].startswith("You said:")
     sent_s = caller.track._pts / RATE  # how much of the caller's audio had gone out by then
     assert sent_s < len(talking) / RATE, f"answered after the caller stopped ({sent_s:.1f} s); {end}"
+    await caller.hang_up(http)
+
+
+async def test_a_failed_recognizer_stream_is_replaced_and_the_caller_heard_again(start_gateway, http):
+    """The engine fails the call's STT stream (audio that is not finite): the caller gets an
+    `error` and a spoken request to repeat, a new stream listens, and their next turn is
+    answered; /metrics counts the failure."""
+    gateway = await start_gateway(mode="conversation", responder="echo", speech_engine=conversation_engine())
+    caller = Caller(gateway.url, silence(0.5))  # then silence, until the caller speaks below
+    await caller.call(http)
+    await caller.wait_for_event("session.ready", DEADLINE_S)
+    call = gateway.registry.by_session[caller.response["session_id"]]
+    failed = call.mode.stt
+    with pytest.raises(ValueError):
+        failed.push(np.full(320, np.nan, np.float32))  # the runtime fails this stream (StreamFailed)
+    error = await caller.wait_for_event("error", DEADLINE_S)
+    assert error["code"] == "stt_failed"
+    apology = await caller.wait_for_event("response.text.delta", DEADLINE_S, where=lambda e: "again" in e["delta"])
+    await caller.wait_for_event("response.audio.end", DEADLINE_S, where=lambda e: e["turn"] == apology["turn"])
+    assert call.mode.stt is not failed
+    now = caller.track._pts  # the caller speaks from here on (the track plays samples by position)
+    caller.track.samples = np.concatenate([silence(now / RATE + 0.5), utterance("flite_slt-020.wav"), silence(8.0)])
+    reply = await caller.wait_for_event("response.text.delta", 2 * DEADLINE_S,
+                                        where=lambda e: e["delta"].startswith("You said:"))
+    assert reply["turn"] > apology["turn"] and any(t.role == "user" and t.text for t in call.mode.history)
+    async with http.get(gateway.url + "/metrics") as response:
+        assert 'parley_call_errors_total{code="stt_failed"} 1.0' in await response.text()
     await caller.hang_up(http)
 
 

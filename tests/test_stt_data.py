@@ -2,6 +2,7 @@
 shard format, real-recording loader. Fast, and independent of the optional synthesis
 packages (those tests skip with the reason)."""
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -234,17 +235,32 @@ def test_g711_mulaw_roundtrip():
 
 # ---------------------------------------------------------------- shards and the dataset
 
+MIN_TONE_S = 0.12  # synth.render takes less than 0.1 s of audio for an engine that failed
+
+
 def tone_synth(speaker, text):
-    """Stand-in for a TTS engine: 60 ms of tone per word."""
-    n = int(0.06 * SR) * len(text.split())
+    """Stand-in for a TTS engine: 60 ms of tone per word, at least MIN_TONE_S (a one-word
+    text is a real utterance, not a failure to retry with another voice)."""
+    n = max(int(0.06 * SR) * len(text.split()), int(MIN_TONE_S * SR))
     return (0.5 * np.sin(2 * np.pi * 200 * np.arange(n) / SR)).astype(np.float32)
+
+
+SHARD_FORTUNES = ("A stitch in time saves nine, or so they say.\n%\n"
+                  "Never put off until tomorrow what you can do today.\n%\n"
+                  "He who hesitates is lost, my friend, and the rest follow.\n")
 
 
 @pytest.fixture(scope="module")
 def shard_dir(tmp_path_factory):
+    """Three shards of a corpus of the test's own: the main corpus reads whatever Debian
+    fortune files this machine has (none on a fresh one), so its own prose is written here."""
     from engine.train import synth
     out = tmp_path_factory.mktemp("stt")
-    plan = synth.ShardPlan(seed=5, shard_size=12)
+    fortunes = tmp_path_factory.mktemp("fortunes")
+    (fortunes / "fortunes").write_text(SHARD_FORTUNES)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(synth.CORPORA, "main", functools.partial(build_corpus, fortunes_dir=str(fortunes)))
+        plan = synth.ShardPlan(seed=5, shard_size=12)
     for k in range(3):
         summary = synth.write_shard(plan, tone_synth, str(out), k)
         assert summary["n"] == 12
