@@ -40,7 +40,7 @@ system-deps:
 	fi
 
 run: kernels
-	$(VENV)/bin/parley serve
+	$(VENV)/bin/parley serve --mode conversation
 
 test: system-deps kernels
 	$(PY) -m pytest $(PYTEST_ARGS)

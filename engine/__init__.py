@@ -15,13 +15,15 @@ from .interface import (
     TtsStream,
     WordMark,
 )
+from .models import DEFAULT_STT_MODEL, STT_MODELS
 
 # The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
 _RUNTIME_EXPORTS = ("CapacityError", "RuntimeStats", "SpeechEngine", "StreamFailed")
 
 __all__ = [
     "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechLikely",
-    "SpeechStart", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", *_RUNTIME_EXPORTS,
+    "SpeechStart", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", "DEFAULT_STT_MODEL", "STT_MODELS",
+    *_RUNTIME_EXPORTS,
 ]
 
 

@@ -61,6 +61,10 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
+from .models import SSM, STT_MODELS, WHISPER
+from .vad import SileroVad
+from .whisper import WhisperReader
+from .whisper_stream import InlineRecognizer
 from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, check_turn_end_probability,
                   default_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
 from .train.textnorm import normalize_for_wer
@@ -106,18 +110,23 @@ def turn_ends_per_pause(eot_times: list[float], pauses: list[tuple[float, float]
 
 def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
                 spoken_until: Optional[float] = None, precision: str = "auto",
-                pauses: Sequence[tuple[float, float]] = (), turn_end_probability: Optional[float] = None) -> dict:
+                pauses: Sequence[tuple[float, float]] = (), turn_end_probability: Optional[float] = None,
+                reader=None, vad=None) -> dict:
     """Run one file through a fresh Recognizer; timings in seconds of audio. spoken_until:
     where the speech ends (default: the final transcript's last word); pauses: its mid-turn
-    pauses, when known."""
+    pauses, when known. With a Whisper `reader` (engine.whisper.WhisperReader) the words are
+    its readings (engine.whisper_stream), and each event is timed when its reading is done."""
     recognizer = Recognizer(model, lm, turns, precision, turn_end_probability)
+    if reader is not None:
+        recognizer = InlineRecognizer(recognizer, reader, vad.stream() if vad is not None else None)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
     started, cpu_started = time.perf_counter(), time.process_time()
     for start in range(0, len(padded), PUSH_SAMPLES):
-        now = (start + PUSH_SAMPLES) / SAMPLE_RATE
-        for event in recognizer.push(padded[start:start + PUSH_SAMPLES]):
+        events = recognizer.push(padded[start:start + PUSH_SAMPLES])
+        times = getattr(recognizer, "event_times", None) or [(start + PUSH_SAMPLES) / SAMPLE_RATE] * len(events)
+        for now, event in zip(times, events):
             if isinstance(event, Partial):
                 for i in range(len(event.text.split())):
                     first_seen.setdefault(i, now)
@@ -148,6 +157,10 @@ def turn_end_probability(text: str) -> float:
 def bench_stt(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)  # the target is one stream on one core
     model = load_stt(Path(args.weights) if args.weights else None, args.device)
+    reader = WhisperReader(threads=1) if args.stt_model == WHISPER else None
+    vad = SileroVad() if args.stt_model == WHISPER else None
+    anchor = whisper_judge("tiny.en", beam_size=1) if args.anchor else None
+    anchor_hyps: list[str] = []
     lm = resolve_lm(None if args.lm == "none" else args.lm)
     turns = resolve_turns(None if args.turns == "none" else args.turns)
     timed_by = set()
@@ -161,7 +174,10 @@ def bench_stt(args: argparse.Namespace) -> dict:
             raise SystemExit(f"{wav}: audio contains NaN or infinite samples")
         spoken_until, pauses = speech_timing(wav)
         timed_by.add("spans" if spoken_until is not None else "transcript")
-        result = stream_file(model, audio, lm, turns, spoken_until, args.precision, pauses, args.turn_end_probability)
+        result = stream_file(model, audio, lm, turns, spoken_until, args.precision, pauses, args.turn_end_probability,
+                             reader, vad)
+        if anchor is not None:
+            anchor_hyps.append(normalize_for_wer(anchor(audio, SAMPLE_RATE)))
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
@@ -179,7 +195,9 @@ def bench_stt(args: argparse.Namespace) -> dict:
     def p50_ms(values: list[float]) -> Optional[float]:
         return round(float(np.median(values)) * 1000, 1) if values else None
 
-    return {"benchmark": "stt", "data": str(args.data), "device": args.device, "n": len(refs),
+    anchor_result = {"anchor": "whisper tiny.en offline (faster-whisper transcribe, int8, greedy, 1 thread)",
+                     "anchor_wer": round(word_error_rate(refs, anchor_hyps), 4)} if anchor is not None else {}
+    return {"benchmark": "stt", "stt_model": args.stt_model, "data": str(args.data), "device": args.device, "n": len(refs),
             "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
             "precision": resolve_precision(model, args.precision),
             "turn_end_probability": args.turn_end_probability or default_turn_end_probability(turns),
@@ -190,7 +208,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
             "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None,
             "false_eot_pause_rate": round(sum(after_pause) / len(after_pause), 4) if after_pause else None,
             "pauses": len(after_pause), "false_eot_in_speech": in_speech,
-            "eot_timed_by": timed_by.pop() if len(timed_by) == 1 else "both"}
+            "eot_timed_by": timed_by.pop() if len(timed_by) == 1 else "both", **anchor_result}
 
 
 def bench_tts(args: argparse.Namespace) -> dict:
@@ -296,8 +314,8 @@ def whisper_model_path(model: str = "tiny.en") -> Path:
     return cache
 
 
-def whisper_judge(model: str = "tiny.en"):
-    """Whisper (faster-whisper, int8, one thread, beam 5, English): (audio, rate) -> text."""
+def whisper_judge(model: str = "tiny.en", beam_size: int = 5):
+    """Whisper (faster-whisper, int8, one thread, beam 5 by default, English): (audio, rate) -> text."""
     from faster_whisper import WhisperModel
 
     from .wavfile import resample
@@ -307,7 +325,7 @@ def whisper_judge(model: str = "tiny.en"):
 
     def judge(audio: np.ndarray, rate: int) -> str:
         segments, _ = whisper.transcribe(resample(audio.astype(np.float32), rate, 16000), language="en",
-                                         beam_size=5, vad_filter=False)
+                                         beam_size=beam_size, vad_filter=False)
         return " ".join(s.text.strip() for s in segments)
 
     return judge
@@ -333,6 +351,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--turn-end-probability", type=turn_end_probability, default=None,
                      help="P(end) that closes a turn, between 0 and 1 (default: the engine's)")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
+    stt.add_argument("--stt-model", default=WHISPER, choices=STT_MODELS,
+                     help=f"{WHISPER}: Whisper reads the words, the SSM times speech and turns (default); "
+                          f"{SSM}: Parley's SSM alone")
+    stt.add_argument("--anchor", action="store_true",
+                     help="also read each file offline with Whisper tiny.en (faster-whisper) in the same run")
     stt.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     tts = commands.add_parser("tts", help="streaming synthesis of one utterance per line of a text file")
     tts.add_argument("--texts", required=True)

@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Protocol, Sequence, Union
 
 import numpy as np
 import torch
@@ -50,6 +50,10 @@ from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, check_turn_end_probability,
                   frame_outputs, load_model, resolve_lm, resolve_turns, streaming_model)
 from .text import MAX_PENDING_CHARS
+from .models import DEFAULT_STT_MODEL, SSM, WHISPER, check_stt_model
+from .vad import SileroVad
+from .whisper import WhisperReader
+from .whisper_stream import ReadingWorker, TurnReader
 from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
 log = logging.getLogger(__name__)
@@ -205,6 +209,10 @@ class RuntimeSttStream:
             stepper.lm, stepper.turns, stepper.turn_end_probability)
         self.frames = torch.zeros(0, FRAMES_PER_STEP * N_MELS)  # model frames waiting for a tick
         self.channel = EventQueue()
+        # With a Whisper reader (stt_model "whisper-tiny.en"): the SSM's events and this stream's
+        # audio go through a TurnReader, whose readings come back on the reader's thread.
+        self.turns: Optional[TurnReader] = None
+        self._turns_lock = threading.Lock()
 
     def push(self, pcm16k: np.ndarray) -> None:
         """Queue int16 (or float in [-1, 1]) 16 kHz mono; never blocks. NaN/inf audio fails this
@@ -258,6 +266,36 @@ class RuntimeSttStream:
             else:
                 pieces.append(item)
         return np.concatenate(pieces) if pieces else None
+
+    def on_audio(self, audio: np.ndarray) -> None:
+        """This stream's new audio, as the tick takes it (before its frames are stepped)."""
+        if self.turns is not None:
+            with self._turns_lock:
+                self._put(self.turns.push(audio))
+
+    def emit(self, events: list[SttEvent], flushed: bool = False) -> None:
+        """The SSM decoder's events (of a frame, or of a flush) to the consumer."""
+        if self.turns is not None:
+            with self._turns_lock:
+                events = self.turns.on_events([e for e in events if not flushed])
+                if flushed:
+                    events += self.turns.flush()
+        self._put(events)
+
+    def on_reading(self, job: Any, result: Any) -> None:
+        """A Whisper reading of this stream's audio is done (on the reader's thread)."""
+        if self.closed:
+            return
+        if isinstance(result, BaseException):
+            self._stepper.release(self, result)
+            return
+        with self._turns_lock:
+            events = self.turns.on_reading(job, result)
+        self._put(events)
+
+    def _put(self, events: list[SttEvent]) -> None:
+        for event in events:
+            self.channel.put(event)
 
     def frame_lag(self, frame: int, now: float) -> Optional[float]:
         """Seconds from the push that completed model frame `frame` until `now`."""
@@ -370,9 +408,11 @@ class SttStepper(SlotTable):
     def __init__(self, model: SttModel, max_streams: int, device: torch.device, dtype: torch.dtype,
                  max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None,
                  lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED, precision: str = "auto",
-                 turn_end_probability: Optional[float] = None) -> None:
+                 turn_end_probability: Optional[float] = None,
+                 words: Optional[tuple[ReadingWorker, SileroVad]] = None) -> None:
         super().__init__(max_streams)
         self.model, self.device, self.dtype = model, device, dtype
+        self.words = words  # Whisper reads the words (engine.whisper_stream); None: the SSM's own
         self.stepper = streaming_model(model, precision)  # the model, or its int8 form on CPU
         self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
         self.turns = resolve_turns(turns)  # what was said weighs on turn ends (None: the acoustic head alone)
@@ -384,7 +424,17 @@ class SttStepper(SlotTable):
         self.pool = StatePool(model.initial_state(1, device), max_streams)
 
     def open(self, session_id: str) -> RuntimeSttStream:
-        return self._open(lambda slot: RuntimeSttStream(self, session_id, slot))
+        return self._open(self._new_stream(session_id))
+
+    def _new_stream(self, session_id: str) -> Callable[[int], RuntimeSttStream]:
+        def make(slot: int) -> RuntimeSttStream:
+            stream = RuntimeSttStream(self, session_id, slot)
+            if self.words is not None:
+                worker, vad = self.words
+                stream.turns = TurnReader(lambda job: worker.submit(job, stream.on_reading), worker.has_room,
+                                          vad.stream())
+            return stream
+        return make
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -439,6 +489,7 @@ class SttStepper(SlotTable):
             try:
                 audio = None if stream.closed else stream.take_audio()
                 if audio is not None:
+                    stream.on_audio(audio)
                     windows.append(stream.windows.push(audio))
                     fed.append(stream)
             except Exception as exc:  # noqa: BLE001 - this stream's input only
@@ -488,12 +539,11 @@ class SttStepper(SlotTable):
         for stream in streams:
             if stream.flush_pending and not stream.closed and not len(stream.frames):
                 stream.flush_pending = False
-                self._emit(stream, stream.decoder.flush())
+                stream.emit(stream.decoder.flush(), flushed=True)
 
     @staticmethod
     def _emit(stream: RuntimeSttStream, events: list[SttEvent]) -> None:
-        for event in events:
-            stream.channel.put(event)
+        stream.emit(events)
 
 
 # -- text-to-speech ---------------------------------------------------------------------------
@@ -852,7 +902,8 @@ class Runtime:
                  num_threads: Optional[int] = None, max_frames_per_tick: int = MAX_FRAMES_PER_TICK,
                  admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S, lm: LmChoice = SHIPPED,
                  turns: TurnsChoice = SHIPPED, precision: str = "auto",
-                 turn_end_probability: Optional[float] = None) -> None:
+                 turn_end_probability: Optional[float] = None,
+                 words: Optional[tuple[ReadingWorker, SileroVad]] = None) -> None:
         """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
         num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
         period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
@@ -860,7 +911,8 @@ class Runtime:
         of the final transcripts (the shipped one; None decodes greedily), turns the
         turn-completion table that weighs on turn ends (the shipped one; None: the acoustic head alone),
         precision how the STT model steps (engine.stt.streaming_model: int8 matrices on CPU by default),
-        turn_end_probability the P(end) that closes a caller's turn (engine.stt.StreamDecoder)."""
+        turn_end_probability the P(end) that closes a caller's turn (engine.stt.StreamDecoder),
+        words a Whisper reading worker and VAD that read the callers' words (closed with the runtime)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -868,7 +920,7 @@ class Runtime:
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
         self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready,
-                               lm, turns, precision, turn_end_probability)
+                               lm, turns, precision, turn_end_probability, words)
         self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
                     if tts_model is not None else None)
         self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])
@@ -955,6 +1007,8 @@ class Runtime:
             self._thread = None
         for stepper in self.steppers:
             stepper.close_all()
+        if self.stt.words is not None:
+            self.stt.words[0].close()
 
     @property
     def running(self) -> bool:
@@ -1030,12 +1084,20 @@ class SpeechEngine:
         stream = engine.open_stt(session_id)
     """
 
-    def __init__(self, stt_model: Optional[SttModel] = None, *, weights_path: Optional[Path] = None,
+    def __init__(self, stt_model: Union[SttModel, str, None] = None, *, weights_path: Optional[Path] = None,
                  tts_model: Optional[TtsModel] = None, tts_weights_path: Optional[Path] = None,
-                 with_tts: bool = False, **runtime_options: Any) -> None:
-        """with_tts (or a tts_model) adds speech synthesis: the shipped TTS weights unless a
-        path or model is given (FileNotFoundError when there are none)."""
-        model = stt_model if stt_model is not None else load_model(weights_path)
+                 with_tts: bool = False, readers: int = 1, **runtime_options: Any) -> None:
+        """stt_model: a name from engine.models (default DEFAULT_STT_MODEL: Whisper reads the
+        words, over the SSM at weights_path or the shipped one), or an SttModel, which then
+        recognizes alone. readers: threads that run Whisper's readings. with_tts (or a
+        tts_model) adds speech synthesis: the shipped TTS weights unless a path or model is
+        given (FileNotFoundError when there are none)."""
+        name = check_stt_model(stt_model if isinstance(stt_model, str) else DEFAULT_STT_MODEL if stt_model is None
+                               else SSM)
+        model = stt_model if isinstance(stt_model, SttModel) else load_model(weights_path)
+        if name == WHISPER:
+            runtime_options["words"] = (ReadingWorker(WhisperReader(), readers), SileroVad())
+        self.stt_model = name
         if tts_model is None and (with_tts or tts_weights_path is not None):
             from .tts import load_model as load_tts
 

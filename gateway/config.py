@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from engine import STT_MODELS
+
 MODES = ("echo-test", "transcribe", "conversation")
 ENGINE_MODES = ("transcribe", "conversation")  # modes that need the speech engine
 RESUME_UNFINISHED = ("continue", "drop")
@@ -52,6 +54,8 @@ class Config:
     engine_device: str = "auto"  # auto = CUDA when present, else CPU
     engine_max_streams: int = 64  # engine state slots (one per call); calls beyond get 503
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
+    stt_model: str = "whisper-tiny.en"  # whisper-tiny.en (Whisper reads the words, the SSM hears speech start) | ssm (Parley's SSM alone)
+    stt_readers: int = 1  # whisper-tiny.en: threads that read callers' words (CPU cores beside the engine tick)
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
     turn_end_probability: float = 0.0  # P(end) that closes a caller's turn, 0-1; 0 = the engine's default (0.98). Lower answers sooner but cuts more callers off at a pause (README, engine/weights/MODEL_CARD.md)
@@ -103,6 +107,10 @@ class Config:
                               "(or cuda:N)")
         if self.engine_max_streams < 1 or self.engine_threads < 0:
             raise ConfigError("engine_max_streams must be at least 1 and engine_threads not negative")
+        if self.stt_model not in STT_MODELS:
+            raise ConfigError(f"stt_model: {self.stt_model!r} is not one of {', '.join(STT_MODELS)}")
+        if self.stt_readers < 1:
+            raise ConfigError(f"stt_readers: {self.stt_readers} must be at least 1")
         for name in ("stt_weights", "tts_weights"):
             if getattr(self, name) and not Path(getattr(self, name)).is_file():
                 raise ConfigError(f"{name}: {getattr(self, name)!r} is not a file")

@@ -21,7 +21,7 @@ const PING_TIMEOUT_MS = 5000; // no pong for this long: the path is dead
 const DISCONNECTED_GRACE_MS = 3000; // ICE "disconnected" often recovers by itself within this
 const CONNECT_TIMEOUT_MS = 10000; // one reconnect try waits this long for "connected"
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 4000, 4000];
-const FINAL_END_REASONS = ["replaced", "taken_over", "hangup", "assistant_ended", "idle"]; // session.ended: do not reconnect
+const FINAL_END_REASONS = ["replaced", "taken_over", "hangup", "assistant_ended", "idle", "stt_failed", "error"]; // session.ended: do not reconnect
 
 const $ = (id) => document.getElementById(id);
 const ui = {
