@@ -126,10 +126,10 @@ class TurnReader:
 
     def push(self, audio: np.ndarray) -> list[SttEvent]:
         self.audio = np.concatenate([self.audio, audio.astype(np.float32, copy=False)])
-        self._trim()
         out = self._listen(audio) if self.vad is not None else []
         out += self._maybe_end_turn()
         self._maybe_read_partial()
+        self._trim()  # last: a start the VAD just heard in this audio keeps its pre-roll
         return out
 
     def _listen(self, audio: np.ndarray) -> list[SttEvent]:
@@ -171,7 +171,8 @@ class TurnReader:
         out: list[SttEvent] = []
         for event in events:
             if isinstance(event, SpeechStart):
-                if self.turn_start is None:
+                # (a start the SSM hears late, in speech already read as a turn, opens none)
+                if self.turn_start is None and event.t * SAMPLE_RATE >= self.last_turn_end:
                     self._start_turn(event.t)
                     out += self._send([event])
             elif isinstance(event, SpeechLikely):

@@ -115,3 +115,37 @@ def test_the_shipped_recognizer_reads_real_voices(ssm, reader):
         hyps.append(normalize_for_wer(result["text"]))
     wer = word_error_rate(refs, hyps)
     assert wer <= SHIPPED_REAL_DEV_WER, wer
+
+
+async def test_the_runtime_streams_whisper_readings_in_order():
+    """The engine as the gateway opens it: SSM steps in the tick, readings on the reader's thread."""
+    import asyncio
+
+    from engine.runtime import SpeechEngine
+
+    audio = read_wav(real_dev() / "031_sb_culprit.wav", SAMPLE_RATE)
+    reference = normalize_for_wer((real_dev() / "031_sb_culprit.txt").read_text())
+    engine = SpeechEngine("whisper-tiny.en", max_streams=2, device="cpu", num_threads=1)
+    await asyncio.to_thread(engine.start)
+    try:
+        stream = engine.open_stt("s1")
+        padded = np.concatenate([audio, np.zeros(2 * SAMPLE_RATE, np.float32)])
+        for start in range(0, len(padded), 320):
+            stream.push((padded[start:start + 320] * 32767).astype(np.int16))
+        events = []
+
+        async def collect() -> None:
+            async for event in stream.events():
+                events.append(event)
+                if isinstance(event, EndOfTurn):
+                    return
+
+        await asyncio.wait_for(collect(), timeout=120)
+        stream.close()
+    finally:
+        await asyncio.to_thread(engine.close)
+    kinds = [type(e) for e in events]
+    assert kinds[0] is SpeechStart and kinds[-1] is EndOfTurn and kinds.count(SpeechStart) == 1
+    final = next(e for e in events if isinstance(e, Final))
+    assert kinds.index(Final) == len(kinds) - 2
+    assert word_error_rate([reference], [normalize_for_wer(final.text)]) <= 0.2, final.text
