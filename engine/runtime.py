@@ -277,9 +277,8 @@ class RuntimeSttStream:
         """The SSM decoder's events (of a frame, or of a flush) to the consumer."""
         if self.turns is not None:
             with self._turns_lock:
-                events = self.turns.on_events([e for e in events if not flushed])
-                if flushed:
-                    events += self.turns.flush()
+                # A flush's Final gives way to the reading of the turn
+                events = self.turns.flush() if flushed else self.turns.on_events(events)
         self._put(events)
 
     def on_reading(self, job: Any, result: Any) -> None:

@@ -189,7 +189,7 @@ class TurnReader:
     def on_reading(self, job: Job, text: str) -> list[SttEvent]:
         if job.kind == PARTIAL:
             self.partial_in_flight = False
-            return self._on_partial_reading(job, text) if job.turn == self.turn else []
+            return self._on_partial_reading(text) if job.turn == self.turn else []
         if job.kind == PAUSE:
             if self.pause is not None and self.pause.job is job:
                 self.pause.text = text
@@ -201,10 +201,6 @@ class TurnReader:
         if slot.end_of_turn is not None:
             slot.events.append(slot.end_of_turn)
         return self._release()
-
-    @property
-    def reading_final(self) -> bool:
-        return bool(self.outbox)
 
     # -- turns --
 
@@ -262,7 +258,7 @@ class TurnReader:
         self.last_partial_end = self.samples
         self.submit(self._job(PARTIAL, self.turn_start))
 
-    def _on_partial_reading(self, job: Job, text: str) -> list[SttEvent]:
+    def _on_partial_reading(self, text: str) -> list[SttEvent]:
         words = text.split()
         agreed = common_prefix(self.previous, words)
         self.previous = words
@@ -403,8 +399,8 @@ class InlineRecognizer:
         return self._out(timed + self._read())
 
     def flush(self) -> list[SttEvent]:
-        timed = [(self.now, e) for e in self.turns.on_events([e for e in self.ssm.flush() if not isinstance(e, Final)])]
-        timed += [(self.now, e) for e in self.turns.flush()]
+        self.ssm.flush()  # (its Final gives way to the reading of the turn)
+        timed = [(self.now, e) for e in self.turns.flush()]
         return self._out(timed + self._read())
 
     def _read(self) -> list[tuple[float, SttEvent]]:

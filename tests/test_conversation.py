@@ -35,6 +35,17 @@ DEADLINE_S = 30.0  # generous: the machine may be busy
 _END = object()
 
 
+async def queued_events(queue: asyncio.Queue) -> AsyncIterator[Any]:
+    """A test stream's events until _END; an exception in the queue is the engine failing it."""
+    while True:
+        item = await queue.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
 class ToneTts:
     """TtsStream: a tone per word, synthesized as soon as the word is complete."""
 
@@ -69,14 +80,8 @@ class ToneTts:
         self._offset += n
         self.spoken.append(word)
 
-    async def events(self) -> AsyncIterator[Any]:
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item  # the engine failed this stream
-            yield item
+    def events(self) -> AsyncIterator[Any]:
+        return queued_events(self._queue)
 
 
 class FailingTts(ToneTts):
@@ -113,14 +118,8 @@ class ScriptedStt:
     def fail(self) -> None:
         self._queue.put_nowait(StreamFailed("STT stream 's' failed: ValueError('audio is not finite')"))
 
-    async def events(self) -> AsyncIterator[Any]:
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def events(self) -> AsyncIterator[Any]:
+        return queued_events(self._queue)
 
     def close(self) -> None:
         self.closed = True
