@@ -1,4 +1,4 @@
-"""Standard engine benchmarks (ARCHITECTURE.md), printing one JSON object.
+"""Standard engine benchmarks (docs/architecture.md), printing one JSON object.
 
     python -m engine.bench stt --data DIR [--weights FILE] [--lm shipped|none|FILE.arpa]
         [--turns shipped|none|FILE.json.gz] [--precision auto|float|int8] [--device cpu|cuda] [--limit N] --json

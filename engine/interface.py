@@ -1,4 +1,4 @@
-"""The engine's public interface: what the gateway may rely on (ARCHITECTURE.md).
+"""The engine's public interface: what the gateway may rely on (docs/architecture.md).
 
 The engine takes audio and text streams and gives back text, events, audio and state;
 it knows nothing of WebRTC, HTTP or Redis. Backends implement these Protocols.

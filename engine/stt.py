@@ -49,11 +49,11 @@ END_OF_TURN_THRESHOLD = 0.9  # P(end of turn) that closes a turn when the head d
 TURN_END_PROBABILITY = 0.98  # ... or, with the turn-completion table, P(end) from the head's log odds plus
 TURN_TEXT_WEIGHT = 1.5  # this weight times the table's log odds, clipped to +-TURN_TEXT_CLIP (so a transcript
 TURN_TEXT_CLIP = 3.0  # misheard into a "complete" one cannot end a turn the head doubts), after at least
-TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. Weight, clip and quiet frames chosen in the eleventh
-# session; the threshold in the nineteenth, with the beam width (engine/beam.py), on the selection
+TURN_END_QUIET_FRAMES = 3  # 120 ms without speech. Weight, clip and quiet frames chosen first; the threshold
+# later, together with the beam width (engine/beam.py), on the selection
 # folders' 632 mid-turn pauses of 0.4-0.8 s (120 files each), the target's own measure: width 16 and
 # 0.97 took 31 of them for turn ends at 230-250 ms p50, width 32 and 0.98 take 26 at 225-250 ms (its
-# better partials read "complete" more often: 33 at 0.97); MODEL_CARD.md, "Nineteenth session"
+# better partials read "complete" more often: 33 at 0.97); MODEL_CARD.md, "Decoding and the turn rule"
 SPEECH_PROBABILITY = 0.9  # the head's P(speech) on one frame that starts speech at once, 20-30 ms
 # into a word: a barge-in pauses on it (the export guard checks noise and buzz never reach it)
 LIKELY_PROBABILITY = 0.8  # SpeechLikely: P(speech) this high, or any CTC token (the word boundary " "
@@ -141,7 +141,7 @@ class FrozenSttModel:
 
     5-7x faster than the float model for one stream on an AVX2 CPU with Parley's kernel
     (bench/stt_step.py); held-out WER with the LM as with torch's int8 kernel, within 0.005 per
-    folder (MODEL_CARD.md, nineteenth session)."""
+    folder (MODEL_CARD.md, "CPU inference")."""
 
     def __init__(self, model: SttModel, int8: bool = True, kernel: Optional[str] = None) -> None:
         """kernel: which multiplies the int8 matrices (engine.inference.INT8_KERNELS; default

@@ -1,6 +1,6 @@
 """The HTTP edge: signaling API, health endpoints and the demo page (aiohttp).
 
-Wire contracts (ARCHITECTURE.md): POST /v1/calls (JSON offer -> 201 JSON answer),
+Wire contracts (docs/architecture.md, README "API"): POST /v1/calls (JSON offer -> 201 JSON answer),
 DELETE /v1/calls/{id}, POST /v1/whip (application/sdp -> 201 SDP answer), /livez, /readyz,
 /metrics (Prometheus text format).
 Errors are always {"error": {"code", "message"}}; client input never causes a 500.

@@ -71,7 +71,7 @@ def test_int8_streaming_stays_close_to_the_float_model(model):
     greedy reading. With the LM the beam can settle a near tie the other way on letter soup
     (one of these six with width 32: "can i met person ow" / "can names peer of low"), so its
     transcripts need only mostly agree; on 120 held-out files per folder WER with the LM is
-    within 0.01 of the float model's (STT model card, nineteenth session)."""
+    within 0.01 of the float model's (STT model card, "CPU inference")."""
     int8 = FrozenSttModel(model)
     with_lm: tuple[list[str], list[str]] = ([], [])  # float's readings, int8's
     greedy: tuple[list[str], list[str]] = ([], [])

@@ -19,7 +19,7 @@ After a fine-tune of the encoder (new voices), `teacher` aims to keep the turn-t
 product was tuned on: the new head learns the teacher model's end-of-turn probabilities on
 the same audio (`teacher_weight` of the loss; the rest is the labels), instead of finding
 its own trade-off between early and late turn ends (how far that got: STT model card,
-sixteenth session). An export must pass the same guard as
+"Checkpoints not shipped"). An export must pass the same guard as
 train_stt's (no turn on non-speech) and may not lose held-out WER.
 """
 

@@ -68,7 +68,7 @@ FLITE_HELDOUT = ("slt",)
 # and the only source of female voices that are not pitch-shifted.
 ENGINE_WEIGHTS = {"kokoro": 0.45, "piper": 0.30, "espeak": 0.15, "flite": 0.10}
 # Shares of the pools a shard draws from, by synth --voices. "shifted" adds what the main
-# mix lacks (sixteenth session: the unseen female flite voice slt scored WER 0.6, the
+# mix lacks (the unseen female flite voice slt scored WER 0.6 with every earlier model, the
 # trained flite voices are all male): flite and espeak-ng speakers of both sexes by WORLD.
 VOICE_MIXES = {"all": ENGINE_WEIGHTS, "shifted": {"shifted": 1.0}}
 
