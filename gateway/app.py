@@ -22,9 +22,11 @@ import jinja2
 from aiohttp import web
 
 from . import echo_test, tokens
+from .access import CallAccess
 from .call import Call, ModeFactory, echo_test_mode
 from .config import ENGINE_MODES, Config
 from .engine_host import EngineHost
+from .errors import ApiError, error_response
 from .events import EventChannel
 from .ice import bind_media_ports, parse_port_range
 from .keeper import LiveSession, SessionBusy, SessionKeeper
@@ -50,19 +52,10 @@ CONFIG_KEY = web.AppKey("config", Config)
 CALLS_KEY = web.AppKey("calls", "CallRegistry")
 WARMUP_KEY = web.AppKey("warmup", WarmUp)
 ENGINE_KEY = web.AppKey("engine", EngineHost)
+ACCESS_KEY = web.AppKey("access", CallAccess)
 CLIENT_CLOSED_STATUS = 499  # the metrics' status for a request the client abandoned (nginx's convention)
 DRAIN_POLL_S = 0.1  # how often a drain checks whether the last call has ended
 WARM_UPS: dict[str, WarmUpFn] = {"echo-test": echo_test.warm_up}  # per mode; an engine mode adds its own
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: Optional[dict] = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
-
-
-def error_response(status: int, code: str, message: str, headers: Optional[dict] = None) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
@@ -361,7 +354,9 @@ async def answer_offer(request: web.Request, offer_sdp: str, session_id: Optiona
 async def create_call(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     payload = parse_offer_json(await read_body(request, "application/json"))
-    call, answer = await answer_offer(request, payload["sdp"], resumed_session(payload, config), last_seq_of(payload))
+    session_id = resumed_session(payload, config)
+    request.app[ACCESS_KEY].admit_call(request, resuming=session_id is not None)
+    call, answer = await answer_offer(request, payload["sdp"], session_id, last_seq_of(payload))
     location = f"/v1/calls/{call.call_id}"
     body = {
         "call_id": call.call_id,
@@ -376,6 +371,7 @@ async def create_call(request: web.Request) -> web.Response:
 
 async def create_whip(request: web.Request) -> web.Response:
     offer = decode_text(await read_body(request, "application/sdp"))
+    request.app[ACCESS_KEY].admit_call(request, resuming=False)
     call, answer = await answer_offer(request, offer)
     headers = {"Location": f"/v1/whip/{call.call_id}", "Content-Type": "application/sdp"}
     return web.Response(status=201, text=answer, headers=headers, content_type=None)
@@ -451,12 +447,15 @@ async def heartbeat(registry: CallRegistry, warmup: WarmUp) -> None:
 def create_app(config: Config, warm_up: Optional[WarmUpFn] = None, speech_engine: Any = None) -> web.Application:
     """The gateway app; `warm_up` replaces the mode's warm-up (tests make it controllable), and
     `speech_engine` the engine an engine mode would build from its weights."""
-    app = web.Application(middlewares=[count_requests, json_errors], client_max_size=MAX_BODY_BYTES)
+    access = CallAccess(config)
+    app = web.Application(middlewares=[count_requests, access.cors, json_errors], client_max_size=MAX_BODY_BYTES)
     app[CONFIG_KEY] = config
+    app[ACCESS_KEY] = access
     host = EngineHost(config, speech_engine) if config.mode in ENGINE_MODES else None
     app[CALLS_KEY] = CallRegistry(config, host)
     app[WARMUP_KEY] = WarmUp(warm_up or (host.warm_up if host else WARM_UPS[config.mode]))
     app[CALLS_KEY].metrics.ready.set_function(lambda: int(app[WARMUP_KEY].ready and not app[CALLS_KEY].draining))
+    app.router.add_post("/v1/tokens", access.issue_token)
     app.router.add_post("/v1/calls", create_call)
     app.router.add_delete("/v1/calls/{call_id}", delete_call)
     app.router.add_post("/v1/whip", create_whip)
@@ -470,6 +469,7 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None, speech_engine
 
     async def start_background(app: web.Application) -> None:
         registry = app[CALLS_KEY]
+        access.log_mode()
         if config.media_ports:
             bind_media_ports(asyncio.get_running_loop(), *parse_port_range(config.media_ports))
         registry.loop_lag.start()

@@ -24,7 +24,7 @@ RESUME_UNFINISHED = ("continue", "drop")
 ENGINE_DEVICES = ("auto", "cpu", "cuda")
 NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-SECRET_FIELDS = {"secret", "openai_api_key", "webhook_token"}  # URLs may carry a password too: masked below
+SECRET_FIELDS = {"secret", "openai_api_key", "webhook_token", "api_keys"}  # URLs may carry a password too: masked below
 RESPONDERS = ("scripted", "echo", "openai", "webhook")
 
 
@@ -80,6 +80,12 @@ class Config:
     webhook_token: str = ""  # webhook: sent as a Bearer token when set; never printed or logged
     responder_timeout_s: float = 5.0  # openai/webhook: the first words of a reply must arrive within this
     responder_total_timeout_s: float = 60.0  # openai/webhook: a whole reply must arrive within this
+    api_keys: list[str] = field(default_factory=list)  # keys that get call tokens (POST /v1/tokens); none, and no api_keys_file: open mode, calls need no token (docs/widget.md)
+    api_keys_file: str = ""  # file of API keys' SHA-256 hex digests, one a line
+    allowed_origins: list[str] = field(default_factory=list)  # web pages (scheme://host[:port]) that may place calls from a browser; open mode with none: any page
+    call_token_max_ttl_s: int = 3600  # the longest ttl_s POST /v1/tokens grants
+    rate_limit_per_token: int = 10  # with API keys: calls per minute one call token may place; 0 = no limit
+    rate_limit_per_ip: int = 30  # with API keys: calls per minute from one client IP; 0 = no limit
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -142,7 +148,27 @@ class Config:
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s: {self.drain_timeout_s} must not be negative")
         self._validate_responder()
+        self._validate_access()
         return self
+
+    def _validate_access(self) -> None:
+        from .api_keys import ApiKeyError, ApiKeys
+        from .call_tokens import OriginError, normalize_origin
+
+        for name, keys, keys_file in (("api_keys", self.api_keys, ""), ("api_keys_file", [], self.api_keys_file)):
+            try:
+                ApiKeys(keys, keys_file)
+            except ApiKeyError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+        for origin in self.allowed_origins:
+            try:
+                normalize_origin(origin)
+            except OriginError as exc:
+                raise ConfigError(f"allowed_origins: {exc}") from None
+        if self.call_token_max_ttl_s < 1:
+            raise ConfigError(f"call_token_max_ttl_s: {self.call_token_max_ttl_s} must be at least 1")
+        if self.rate_limit_per_token < 0 or self.rate_limit_per_ip < 0:
+            raise ConfigError("rate_limit_per_token and rate_limit_per_ip must not be negative (0: no limit)")
 
     def _validate_responder(self) -> None:
         if self.responder not in RESPONDERS:
