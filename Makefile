@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEBIAN_TEST_PACKAGES := chromium redis-server libopus0 g++
+DEBIAN_TEST_PACKAGES := chromium redis-server libopus0 g++ baresip sip-tester
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

@@ -16,7 +16,7 @@ import math
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jinja2
 from aiohttp import web
@@ -52,6 +52,7 @@ CONFIG_KEY = web.AppKey("config", Config)
 CALLS_KEY = web.AppKey("calls", "CallRegistry")
 WARMUP_KEY = web.AppKey("warmup", WarmUp)
 ENGINE_KEY = web.AppKey("engine", EngineHost)
+SIP_KEY = web.AppKey("sip", "SipAgent")
 ACCESS_KEY = web.AppKey("access", CallAccess)
 CLIENT_CLOSED_STATUS = 499  # the metrics' status for a request the client abandoned (nginx's convention)
 DRAIN_POLL_S = 0.1  # how often a drain checks whether the last call has ended
@@ -146,12 +147,14 @@ class CallRegistry:
                                {"Retry-After": str(max(1, math.ceil(retry_after_s)))})
         self._reserved += 1
 
-    async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int) -> tuple[Call, str]:
+    async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int,
+                   make_call: Callable[..., Any] = Call) -> tuple[Call, str]:
         """Answer an offer for a new session (session_id None) or a resumed one; the caller
-        must have reserved a slot, which this releases."""
+        must have reserved a slot, which this releases. `make_call` builds the call (a SIP
+        call's class, gateway/sip/call.py, takes Call's arguments and answers G.711 SDP)."""
         try:
             session = await self._session(session_id)
-            call = self._new_call(session, resumed=session_id is not None, last_seq=last_seq)
+            call = self._new_call(session, resumed=session_id is not None, last_seq=last_seq, make_call=make_call)
             try:
                 answer = await call.answer(offer_sdp)
             except BaseException:
@@ -180,15 +183,16 @@ class CallRegistry:
             raise ApiError(503, "store_unavailable", "session storage is unavailable; try again shortly",
                            retry) from None
 
-    def _new_call(self, session: LiveSession, resumed: bool, last_seq: int) -> Call:
+    def _new_call(self, session: LiveSession, resumed: bool, last_seq: int,
+                  make_call: Callable[..., Any] = Call) -> Call:
         session_id = session.record.session_id
         # The client may have seen events the store had not yet written when a node died.
         events = EventChannel(last_seq=max(session.record.last_event_seq, last_seq),
                               on_emit=lambda event, text: self._on_event(session_id, event, text))
         if resumed:
             events.replay(self.keeper.replay_after(session_id, last_seq))
-        return Call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
-                    events=events, resumed=resumed, mode=self._mode(session))
+        return make_call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
+                         events=events, resumed=resumed, mode=self._mode(session))
 
     def _on_event(self, session_id: str, event: dict, text: str) -> None:
         self.keeper.record_event(session_id, event, text)
@@ -496,4 +500,9 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None, speech_engine
 
     app.cleanup_ctx.append(start_background)
     app.on_shutdown.append(close_calls)
+    if config.sip_port:  # phones and PBXs call in over SIP too (gateway/sip/, docs/sip.md)
+        from .sip.agent import SipAgent
+
+        app[SIP_KEY] = SipAgent(config, app[CALLS_KEY], app[WARMUP_KEY])
+        app.cleanup_ctx.append(app[SIP_KEY].serve)
     return app

@@ -24,8 +24,9 @@ RESUME_UNFINISHED = ("continue", "drop")
 ENGINE_DEVICES = ("auto", "cpu", "cuda")
 NEW_CALLS_WITHOUT_REDIS = ("accept", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-SECRET_FIELDS = {"secret", "openai_api_key", "webhook_token", "api_keys"}  # URLs may carry a password too: masked below
+SECRET_FIELDS = {"secret", "openai_api_key", "webhook_token", "api_keys", "sip_password"}  # URLs may carry a password too: masked below
 RESPONDERS = ("scripted", "echo", "openai", "webhook")
+SIP_PRIVATE_NETWORKS = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,17 @@ class Config:
     call_token_max_ttl_s: int = 3600  # the longest ttl_s POST /v1/tokens grants
     rate_limit_per_token: int = 10  # with API keys: calls per minute one call token may place; 0 = no limit
     rate_limit_per_ip: int = 30  # with API keys: calls per minute from one client IP; 0 = no limit
+    sip_port: int = 0  # SIP user agent on this UDP port (5060); 0 = off (docs/sip.md)
+    sip_host: str = ""  # address the SIP and RTP sockets bind to; empty = host
+    sip_address: str = ""  # address put in Contact and SDP (a public or NAT address); empty = the local one that reaches the caller
+    sip_allowed_networks: list[str] = field(default_factory=lambda: list(SIP_PRIVATE_NETWORKS))  # CIDRs SIP is accepted from; others are ignored unanswered
+    sip_max_calls: int = 16  # live SIP calls; INVITEs beyond get 486 Busy Here
+    sip_transfer_target: str = ""  # where a handoff transfers a SIP call (REFER), e.g. sip:queue@pbx.example.com; empty = no transfer
+    sip_registrar: str = ""  # register with this PBX (sip:pbx.example.com[:port]); empty = no REGISTER
+    sip_username: str = ""  # REGISTER's user and digest username
+    sip_password: str = ""  # digest password for REGISTER; never printed or logged
+    sip_register_expires_s: int = 300  # registration lifetime asked for (refreshed at half of what the PBX grants)
+    sip_t1_ms: int = 500  # SIP timer T1 (RFC 3261): first retransmission interval; timers A, B, F, H, J derive from it
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -149,6 +161,13 @@ class Config:
             raise ConfigError(f"drain_timeout_s: {self.drain_timeout_s} must not be negative")
         self._validate_responder()
         self._validate_access()
+        if self.sip_port:
+            from .sip.settings import SettingsError, validate_sip
+
+            try:
+                validate_sip(self)
+            except SettingsError as exc:
+                raise ConfigError(str(exc)) from None
         return self
 
     def _validate_access(self) -> None:

@@ -85,6 +85,7 @@ import numpy as np
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
 
 from .echo_suppressor import EchoSuppressor
+from .key_turns import KeyTurns
 from .events import BadClientMessage, EventChannel
 from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
@@ -110,6 +111,7 @@ IDLE_PROMPT = "Are you still there?"
 IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 APOLOGY = "Sorry, I'm having trouble answering right now."
 STT_APOLOGY = "Sorry, I missed that. Could you say it again?"
+TRANSFER_FAILED = "Sorry, I couldn't connect you just now. I'm still here: how else can I help?"
 STT_GOODBYE = "Sorry, I can't hear you anymore, so I'll end the call now. Please call again."
 # A recognizer stream fails alone (its own audio or decoding), so a new one normally works; one
 # that fails again and again is the engine failing, and the call ends rather than retry forever.
@@ -273,6 +275,9 @@ class Conversation:
         self._caller_quiet = asyncio.Event()  # cleared from SpeechStart until the Final or end of turn
         self._caller_quiet.set()
         self._onset_at: Optional[float] = None  # the last SpeechLikely or SpeechStart (s of caller audio pushed)
+        self.keys = KeyTurns(self._on_key_turn)
+        # A call that can transfer the caller (SIP: REFER) sets this; True when the caller was handed over.
+        self.transfer: Optional[Callable[[Any], Awaitable[bool]]] = None
         events.handle("playout.started", self.on_playout_started)
         events.handle("playback.cut", self.on_playback_cut)
 
@@ -317,6 +322,7 @@ class Conversation:
         return False
 
     def close(self) -> None:
+        self.keys.close()
         self._cancel_reply()
         if self._speculation is not None:
             self._speculation.cancel()
@@ -462,6 +468,24 @@ class Conversation:
             if speculation is not None:
                 speculation.cancel()  # the caller said more than the attempt was made on
             self._start_reply(times)
+
+    def on_dtmf(self, digit: str, source: str) -> None:
+        """A key the caller pressed (a SIP call's DTMF): the `dtmf` event now; a key over a
+        reply interrupts it; the keys become a caller turn (gateway/key_turns.py)."""
+        self.events.emit("dtmf", digit=digit, source=source)
+        self._last_activity = time.monotonic()
+        self._idle_prompted = False
+        if self._speaking():
+            self._barge_in()
+            self._set_state("listening")  # (a key is not speech: no spoken turn is under way)
+            self._turn_started = None
+        self.keys.press(digit)
+
+    def _on_key_turn(self, keys: str) -> None:
+        self.events.emit("turn.end", confidence=1.0, keys=keys)
+        self._record(Turn("user", keys))
+        self.on_change()
+        self._start_reply(StageTimes(end_of_turn=time.monotonic()))
 
     # -- pipelining -----------------------------------------------------------------------------
 
@@ -716,7 +740,10 @@ class Conversation:
 
     async def _perform(self, action: Any) -> None:
         if action.kind == "handoff":
-            self.events.emit("session.handoff", reason=action.reason)
+            target = getattr(action, "target", "")
+            self.events.emit("session.handoff", reason=action.reason, **({"target": target} if target else {}))
+            if self.transfer is not None and not await self.transfer(action):
+                self.say(TRANSFER_FAILED)  # the caller stays on the line with Parley
         elif action.kind == "end_call" and self.hang_up is not None:
             reason = action.reason if isinstance(action, _HangUp) else "assistant_ended"
             self._spawn_detached(self.hang_up(reason))

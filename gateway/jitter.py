@@ -147,8 +147,11 @@ class _SlidingMinimum:
 class JitterBuffer:
     """Reorders, times and conceals one inbound Opus stream; see the module docstring."""
 
-    def __init__(self, decoder: FrameDecoder) -> None:
+    def __init__(self, decoder: FrameDecoder, rtp_clock_rate: int = RTP_CLOCK_RATE) -> None:
+        """`rtp_clock_rate`: the RTP timestamp clock (48 kHz for Opus, 8 kHz for G.711)."""
         self.decoder = decoder
+        self.rtp_clock_rate = rtp_clock_rate
+        self.rtp_ticks_per_frame = rtp_clock_rate * FRAME_MS // 1000
         self.stats = JitterStats()
         self._packets: Dict[int, _Packet] = {}
         self._next_seq: Optional[int] = None  # the next packet due for playout
@@ -208,7 +211,7 @@ class JitterBuffer:
         return bool(self.stats.packets_played or self.stats.packets_lost or self.stats.packets_dropped)
 
     def _note_arrival_delay(self, timestamp: int, arrival: float) -> float:
-        transit = arrival - timestamp / RTP_CLOCK_RATE
+        transit = arrival - timestamp / self.rtp_clock_rate
         self._min_transit.add(arrival, transit)
         delay_ms = (transit - self._min_transit.get()) * 1000.0
         if len(self._arrival_delays) == self._arrival_delays.maxlen:
@@ -287,7 +290,7 @@ class JitterBuffer:
         self._recent_lost.append(self._next_seq)
         following = self._packets.get(self._next_seq + 1)
         self._next_seq += 1
-        self._playout_timestamp = (self._playout_timestamp or 0) + RTP_TICKS_PER_FRAME
+        self._playout_timestamp = (self._playout_timestamp or 0) + self.rtp_ticks_per_frame
         if following is not None and self._concealed_run < PLC_FRAMES:
             try:
                 pcm = _fit(self.decoder.decode_fec(following.payload))
@@ -335,7 +338,7 @@ class JitterBuffer:
     def _advance(self, packet: _Packet) -> None:
         del self._packets[packet.seq]
         self._next_seq = packet.seq + 1
-        self._playout_timestamp = packet.timestamp + RTP_TICKS_PER_FRAME
+        self._playout_timestamp = packet.timestamp + self.rtp_ticks_per_frame
 
     def _can_wait(self) -> bool:
         """Waiting is only worth it while the buffer is not already holding a lot."""
@@ -357,7 +360,7 @@ class JitterBuffer:
         fastest = self._min_transit.get()
         if fastest is None or self._playout_timestamp is None:
             return 0.0
-        earliest_arrival = self._playout_timestamp / RTP_CLOCK_RATE + fastest
+        earliest_arrival = self._playout_timestamp / self.rtp_clock_rate + fastest
         return (now - earliest_arrival) * 1000.0
 
     def _update_target(self) -> None:

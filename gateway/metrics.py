@@ -59,6 +59,12 @@ class Metrics:
         self.errors = Counter("parley_call_errors", "error events sent to callers, by code (docs/events.md): "
                               "stt_failed, tts_failed, call_failed, responder_*, bad_message, ...",
                               ["code"], registry=r)
+        self.sip_calls = Counter("parley_sip_calls", "SIP INVITEs by outcome: a refusal (busy, unavailable, "
+                                 "not_acceptable, cancelled, failed) or an answered call's close reason",
+                                 ["outcome"], registry=r)
+        self.sip_ignored = Counter("parley_sip_ignored", "SIP datagrams dropped unanswered, by why "
+                                   "(not_allowed: source outside sip_allowed_networks; malformed)",
+                                   ["reason"], registry=r)
         self._seen_concealed: dict[str, int] = {}
         self._seen_frames: dict[str, int] = {}
 

@@ -19,7 +19,7 @@ import fractions
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Deque, Optional
+from typing import Awaitable, Callable, Deque, Optional, Protocol
 
 import av
 import numpy as np
@@ -77,17 +77,24 @@ class _Resampler:
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int16)
 
 
+class FrameEncoder(Protocol):
+    def encode(self, pcm: np.ndarray) -> bytes:
+        """One 20 ms frame of 48 kHz int16 mono -> one RTP payload."""
+
+
 class PacedAudioTrack(MediaStreamTrack):
     """A MediaStreamTrack that yields Opus packets on a steady 20 ms clock."""
 
     kind = "audio"
 
     def __init__(self, bitrate: int = 32000, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 encoder: Optional[FrameEncoder] = None) -> None:
+        """`encoder`: what each 48 kHz frame becomes (default Opus at `bitrate`; a SIP call's is G.711)."""
         super().__init__()
         self._clock = clock
         self._sleep = sleep
-        self._encoder = OpusEncoder(SAMPLE_RATE, bitrate)
+        self._encoder = encoder or OpusEncoder(SAMPLE_RATE, bitrate)
         self._queue: Deque[np.ndarray] = deque()
         self._queued_samples = 0
         self._played = 0  # audio samples sent, less any rewound: where playback has got to

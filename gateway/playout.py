@@ -56,8 +56,10 @@ def attach_to_receiver(receiver: Any, buffer: JitterBuffer,
 class Playout(BackgroundTask):
     """Pulls the jitter buffer every 20 ms and delivers frames to a sink, drift-free."""
 
-    def __init__(self, sink: AudioSink, clock: Callable[[], float] = time.monotonic) -> None:
-        self.buffer = JitterBuffer(OpusDecoder(SAMPLE_RATE))
+    def __init__(self, sink: AudioSink, clock: Callable[[], float] = time.monotonic,
+                 buffer: Optional[JitterBuffer] = None) -> None:
+        """`buffer`: the jitter buffer to pull (default: one for Opus at 48 kHz, a WebRTC call's)."""
+        self.buffer = buffer or JitterBuffer(OpusDecoder(SAMPLE_RATE))
         self._sink = sink
         self._clock = clock
         self.frames_delivered = 0
@@ -66,6 +68,12 @@ class Playout(BackgroundTask):
 
     def attach(self, receiver: Any) -> None:
         self._hook = attach_to_receiver(receiver, self.buffer, self._clock)
+
+    def attach_source(self) -> _ReceiverHook:
+        """A packet sink for RTP that does not come through aiortc (the SIP bridge's own
+        sockets): `hook.add(packet)` with a packet's sequence_number, timestamp and payload."""
+        self._hook = _ReceiverHook(self.buffer, self._clock)
+        return self._hook
 
     @property
     def last_packet_at(self) -> Optional[float]:

@@ -19,9 +19,11 @@ from ..sessions import Turn
 
 @dataclass(frozen=True)
 class Handoff:
-    """Transfer the caller to a person (the gateway emits a `handoff` event)."""
+    """Transfer the caller to a person (the gateway emits a `handoff` event; a SIP call is
+    transferred to `target`, or to sip_transfer_target when this names none)."""
 
     reason: str = ""
+    target: str = ""  # a SIP URI (sip:agent@pbx.example.com), or empty for the configured default
     kind: ClassVar[str] = "handoff"
 
 

@@ -15,11 +15,16 @@
           - {when: {order_number: "0000"}, reply: "...", action: handoff, reason: "..."}
         action: end_call                      # optional: handoff | end_call
         reason: "caller said goodbye"
+      agent:
+        dtmf: "0"                             # optional: the caller's keys (a SIP call's DTMF) choose it
+        keywords: [agent]
+        reply: "Connecting you."
+        transfer: sip:agent@pbx.example.com   # optional: a handoff that transfers a SIP call there
 
 The normalized text is lowercase words separated by single spaces, as Parley's STT writes
 it. Slot types: digits (value: a string of digits), date (a date), yes_no (true/false; in
 YAML `when: {slot: yes}` is true). `{slot}` in a reply or prompt is replaced by its value
-read aloud. Errors name the file and the place: "flow file F: intents.x.slots[0]: ...".
+read aloud. A digits slot also takes typed keys ("4127"). Errors name the file and the place: "flow file F: intents.x.slots[0]: ...".
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ ACTIONS = ("handoff", "end_call")
 DEFAULT_MAX_REPROMPTS = 2
 MAX_DIGITS = 32  # longest digit slot a flow may ask for
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
+KEYS = re.compile(r"[0-9*#A-D]+")  # a turn typed on the keypad (DTMF)
 PATTERN_SCORE = 3  # a matching pattern counts like a three-word keyword phrase
 SWITCH_SCORE = 2  # while a question is pending, one keyword ("no") does not change the subject
 
@@ -57,6 +63,7 @@ class Outcome:
     reply: str
     action: Optional[str] = None  # handoff | end_call
     reason: str = ""
+    transfer: str = ""  # a handoff's SIP target (the call is REFERred there)
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class Intent:
     slots: tuple[Slot, ...]
     branches: tuple[Branch, ...]
     outcome: Outcome
+    dtmf: str = ""  # keys that choose this intent outright
 
     def score(self, text: str) -> int:
         """How well normalized `text` matches: words of matched keywords plus PATTERN_SCORE per pattern."""
@@ -102,6 +110,11 @@ class Flow:
 
     def match(self, text: str, min_score: int = 1) -> Optional[Intent]:
         """The best matching intent for the caller's text (ties: the first in the file), or None."""
+        keys = text.strip()
+        if KEYS.fullmatch(keys):
+            by_keys = next((intent for intent in self.intents if intent.dtmf == keys), None)
+            if by_keys is not None:
+                return by_keys
         normalized = normalize(text)
         best, best_score = None, min_score - 1
         for intent in self.intents:
@@ -123,11 +136,11 @@ def _contains(tokens: list[str], phrase: tuple[str, ...]) -> bool:
 
 FLOW_KEYS = {"greeting": False, "fallback": True, "max_reprompts": False, "give_up": False, "intents": True}
 INTENT_KEYS = {"keywords": False, "patterns": False, "slots": False, "reply": True, "action": False,
-               "reason": False, "branches": False}
+               "reason": False, "branches": False, "dtmf": False, "transfer": False}
 SLOT_KEYS = {"name": True, "type": True, "prompt": True, "reprompt": False, "max_reprompts": False,
              "min_digits": False, "max_digits": False, "give_up": False}
-OUTCOME_KEYS = {"reply": True, "action": False, "reason": False}
-BRANCH_KEYS = {"when": True, "reply": True, "action": False, "reason": False}
+OUTCOME_KEYS = {"reply": True, "action": False, "reason": False, "transfer": False}
+BRANCH_KEYS = {"when": True, "reply": True, "action": False, "reason": False, "transfer": False}
 
 
 class _Checker:
@@ -181,7 +194,14 @@ class _Checker:
             raise self.fail(f"{where}.action", f"{action!r} is not one of {', '.join(ACTIONS)}")
         reason = self.text(raw["reason"], f"{where}.reason") if "reason" in raw else ""
         reply = self.placeholders(self.text(raw["reply"], f"{where}.reply"), f"{where}.reply", slots)
-        return Outcome(reply, action, reason)
+        transfer = self.text(raw["transfer"], f"{where}.transfer") if "transfer" in raw else ""
+        if transfer:
+            if not transfer.startswith(("sip:", "sips:", "tel:")):
+                raise self.fail(f"{where}.transfer", f"{transfer!r} is not a sip:, sips: or tel: URI")
+            if action not in (None, "handoff"):
+                raise self.fail(f"{where}.transfer", "a transfer is a handoff; it cannot go with end_call")
+            action = "handoff"
+        return Outcome(reply, action, reason, transfer)
 
     def pattern(self, source: Any, where: str) -> re.Pattern:
         try:
@@ -230,8 +250,11 @@ class _Checker:
         keywords = tuple(tuple(normalize(k).split()) for k in self.texts(raw.get("keywords", []), f"{where}.keywords"))
         patterns = tuple(self.pattern(p, f"{where}.patterns[{i}]") for i, p in enumerate(
             self.texts(raw.get("patterns", []), f"{where}.patterns")))
-        if not any(keywords) and not patterns:
-            raise self.fail(where, "needs keywords or patterns, or no caller can reach it")
+        dtmf = str(raw["dtmf"]) if isinstance(raw.get("dtmf"), (str, int)) and not isinstance(raw.get("dtmf"), bool) else ""
+        if "dtmf" in raw and not KEYS.fullmatch(dtmf):
+            raise self.fail(f"{where}.dtmf", f"{raw['dtmf']!r} is not keypad keys (0-9, *, #, A-D); quote it")
+        if not any(keywords) and not patterns and not dtmf:
+            raise self.fail(where, "needs keywords, patterns or dtmf, or no caller can reach it")
         slots: dict[str, Slot] = {}
         raw_slots = raw.get("slots", [])
         if not isinstance(raw_slots, list):
@@ -250,7 +273,7 @@ class _Checker:
             when = self.when(item["when"], f"{item_where}.when", slots)
             branches.append(Branch(when, self.outcome({k: v for k, v in item.items() if k != "when"},
                                                       item_where, set(slots))))
-        return Intent(str(name), keywords, patterns, tuple(slots.values()), tuple(branches), outcome)
+        return Intent(str(name), keywords, patterns, tuple(slots.values()), tuple(branches), outcome, dtmf)
 
     def flow(self, raw: Any) -> Flow:
         raw = self.mapping(raw, "", FLOW_KEYS)

@@ -101,7 +101,7 @@ class FlowRunner:
         deltas: list[Delta] = [render(outcome.reply, filled)]
         reason = outcome.reason or (intent.name if intent else "")
         if outcome.action == "handoff":
-            deltas.append(Handoff(reason))
+            deltas.append(Handoff(reason, outcome.transfer))
         elif outcome.action == "end_call":
             deltas.append(EndCall(reason))
         return deltas
