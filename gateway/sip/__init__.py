@@ -1,0 +1,1 @@
+"""Parley's SIP bridge: phones and PBXs call the same conversation loop as browsers (docs/sip.md)."""

@@ -1,0 +1,69 @@
+"""SIPp (Debian's sip-tester) as a real SIP caller for tests and the capacity bench.
+
+Scenarios live in tests/sip_scenarios/*.xml with @NAME@ placeholders (SIPp reads no
+variables in rtp_stream or play_pcap_audio paths); the caller's audio is a raw G.711 file
+encoded here from a WAV with the standard library's reference codec, never committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from engine.wavfile import read_wav
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop  # the reference G.711 encoder (stdlib up to 3.12)
+
+SCENARIOS = Path(__file__).parent / "sip_scenarios"
+SIPP = shutil.which("sipp")
+SIP_TESTER = Path("/usr/share/sip-tester")  # sip-tester's RFC 4733 captures: dtmf_2833_<key>.pcap
+SIPP_DEADLINE_S = 240.0  # generous: the machine may be busy
+
+
+def dtmf_capture(key: str) -> Path:
+    name = {"*": "star", "#": "pound"}.get(key, key)
+    return SIP_TESTER / f"dtmf_2833_{name}.pcap"
+
+
+def ulaw_file(wav: Path, out: Path, lead_s: float = 0.5, tail_s: float = 3.0) -> Path:
+    """A raw 8 kHz PCMU file of `wav` with silence around it (the caller speaks, then pauses)."""
+    pcm = read_wav(wav, 8000)
+    if pcm.dtype != np.int16:
+        pcm = np.clip(pcm * 32767 if np.abs(pcm).max() <= 1.0 else pcm, -32768, 32767).astype(np.int16)
+    pcm = np.concatenate([np.zeros(int(lead_s * 8000), np.int16), pcm, np.zeros(int(tail_s * 8000), np.int16)])
+    out.write_bytes(audioop.lin2ulaw(pcm.tobytes(), 2))
+    return out
+
+
+def scenario(name: str, out_dir: Path, **values: object) -> Path:
+    text = (SCENARIOS / f"{name}.xml").read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key.upper()}@", str(value))
+    path = out_dir / f"{name}.xml"
+    path.write_text(text)
+    return path
+
+
+async def run_sipp(scenario_path: Path, sip_port: int, calls: int = 1, rate: int = 10,
+                   media_port: int = 26000, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run SIPp against 127.0.0.1:sip_port until its calls end; (exit status, output).
+    SIPp exits 0 only when every call followed the scenario."""
+    proc = await asyncio.create_subprocess_exec(
+        SIPP, f"127.0.0.1:{sip_port}", "-sf", str(scenario_path), "-m", str(calls), "-l", str(calls),
+        "-r", str(rate), "-i", "127.0.0.1", "-p", "0", "-mp", str(media_port), "-nostdin", "-trace_err",
+        "-error_file", str(scenario_path.with_suffix(".errors.log")), *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=scenario_path.parent)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), SIPP_DEADLINE_S)
+    except asyncio.TimeoutError:
+        proc.kill()
+        out, _ = await proc.communicate()
+    errors = scenario_path.with_suffix(".errors.log")
+    detail = errors.read_text()[-3000:] if errors.exists() else ""
+    return proc.returncode, out.decode(errors="replace")[-3000:] + detail
