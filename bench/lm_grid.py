@@ -23,7 +23,7 @@ import torch
 from bench.turn_rule_sweep import floats
 from engine import beam, stt
 from engine.bench import pairs
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.wavfile import read_wav
 from engine.wer import word_error_rate
 

@@ -20,7 +20,7 @@ the first --limit files of each (sorted by name) are transcribed by:
 Reported per folder and recogniser:
 
 - wer, cer: corpus-level (edit distance summed over files / reference length summed),
-  reference and hypothesis both through engine.train.textnorm.normalize_for_wer, the same
+  reference and hypothesis both through engine.wer.normalize_for_wer, the same
   scoring form engine.bench uses (so Whisper's "412" and a reference's "four one two" agree);
 - rtf: processing time / audio time, one thread (torch and CTranslate2 set to 1). For
   Parley the audio time includes the trailing silence it is fed, as in engine.bench;
@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from engine.audio import SAMPLE_RATE  # noqa: E402
 from engine.bench import TRAILING_SILENCE_S, load_stt, pairs, stream_file, whisper_model_path  # noqa: E402
 from engine.stt import SHIPPED, LmChoice, resolve_lm  # noqa: E402
-from engine.train.textnorm import normalize_for_wer  # noqa: E402
+from engine.wer import normalize_for_wer  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
 from engine.wer import char_error_rate, word_error_rate  # noqa: E402
 
@@ -204,7 +204,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         items = load_items(folder, args.limit)
         results[folder.name] = {name: score_folder(t, items) for name, t in transcribers.items()}
     report = {"benchmark": "stt_anchors", "limit": args.limit, "threads": THREADS,
-              "normalizer": "engine.train.textnorm.normalize_for_wer",
+              "normalizer": "engine.wer.normalize_for_wer",
               "whisper": {"model": WHISPER_MODEL_NAME, "compute_type": WHISPER_COMPUTE_TYPE,
                           "beam_size": args.whisper_beam},
               "parley_weights": args.parley_weights, "results": results}

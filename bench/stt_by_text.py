@@ -21,7 +21,8 @@ import torch
 
 from engine import stt
 from engine.bench import pairs
-from engine.train.textnorm import normalize, normalize_for_wer
+from engine.textnorm import normalize
+from engine.wer import normalize_for_wer
 from engine.wavfile import read_wav
 from engine.wer import word_error_rate
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.bench import JUDGES, _percentile_ms, judge_name, whisper_judge
 from engine.text import normalize_text
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.wer import word_error_rate
 
 Renderer = Callable[[str], Iterator[tuple[np.ndarray, int]]]  # text -> audio pieces as they come

@@ -31,7 +31,7 @@ import torch
 from bench.tts_vocoder_ceiling import torch_hn
 from engine import text as frontend, vocoder
 from engine.bench import whisper_judge
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.train.tts_data import analyse, load_teacher, teacher_utterance
 from engine.tts import TtsModel, load_model, round_durations
 from engine.wer import word_error_rate

@@ -31,7 +31,7 @@ import torch
 
 from engine import vocoder
 from engine.bench import whisper_judge
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.train.tts_data import analyse
 from engine.train.voices import load_pyworld
 from engine.wavfile import read_wav, write_wav

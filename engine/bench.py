@@ -11,7 +11,7 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
 
 - wer, cer: of the final transcripts (the beam search with --lm, default the shipped word
   language model; `--lm none` is greedy CTC, the acoustic model alone) against the reference, both sides through the same scoring normaliser
-  (textnorm.normalize_for_wer: case, punctuation, fillers, each run of number words as
+  (wer.normalize_for_wer: case, punctuation, fillers, each run of number words as
   one digit string, so "four one two", "four hundred twelve" and "412" agree);
 - rtf: processing time / audio time for the streaming path, one stream on one thread
   (rtf_cpu: process CPU time / audio time, fairer on a shared machine); --precision picks
@@ -67,7 +67,7 @@ from .whisper import WhisperReader
 from .whisper_stream import InlineRecognizer
 from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, check_turn_end_probability,
                   default_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
-from .train.textnorm import normalize_for_wer
+from .wer import normalize_for_wer
 from .wavfile import read_wav
 from .wer import char_error_rate, word_error_rate
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .train.textnorm import MONTHS, ONES, number_to_words, ordinal_words, year_words
+from .textnorm import SYMBOL_WORDS, read_forms, read_numbers, read_symbols, spell
 
 MAX_PHRASE_CHARS = 400  # longer input is cut at word boundaries: bounded work per phrase
 MAX_PENDING_CHARS = 256_000  # IncrementalText refuses more unreleased text than this
@@ -42,94 +42,12 @@ ABBREVIATIONS = {
     "jun.": "June", "jul.": "July", "aug.": "August", "sep.": "September", "sept.": "September",
     "a.m.": "A M", "p.m.": "P M", "oct.": "October", "nov.": "November", "dec.": "December",
 }
-SYMBOL_WORDS = {"&": " and ", "%": " percent", "+": " plus ", "@": " at ", "=": " equals ",
-                "#": " number ", "°": " degrees ", "€": " euros ", "£": " pounds "}
 TAG = re.compile(r"<[^<>]{0,200}>")  # SSML-looking tags are dropped, their text kept
 
 
-def _digits(s: str, group: int = 0) -> str:
-    """'0412' -> 'zero four one two'; with group=3, a comma every 3 digits (a pause)."""
-    words = [ONES[int(c)] for c in s if c.isdigit()]
-    if group and len(words) > group + 1:
-        chunks = [" ".join(words[i:i + group]) for i in range(0, len(words), group)]
-        return ", ".join(chunks)
-    return " ".join(words)
-
-
-def _spell(s: str) -> str:
-    """An ID read character by character: 'AB12' -> 'ay B one two'."""
-    out = []
-    for c in s:
-        if c.isdigit():
-            out.append(ONES[int(c)])
-        elif c.isalpha():
-            out.append(LETTER_NAMES.get(c, c.upper()))
-    return " ".join(out)
-
-
-def _money(m: re.Match) -> str:
-    dollars = int(m.group(1).replace(",", ""))
-    cents = int((m.group(2) or "0").ljust(2, "0")[:2])
-    scale = m.group(3)
-    if scale:  # "$3.5 million" -> "three point five million dollars"
-        amount = number_to_words(dollars) + (" point " + _digits(m.group(2)) if m.group(2) else "")
-        return f"{amount} {scale} dollars"
-    parts = []
-    if dollars or not cents:
-        parts.append(number_to_words(dollars) + (" dollar" if dollars == 1 else " dollars"))
-    if cents:
-        parts.append(number_to_words(cents) + (" cent" if cents == 1 else " cents"))
-    return " and ".join(parts)
-
-
-def _time(m: re.Match) -> str:
-    hour, minute, ampm = int(m.group(1)), int(m.group(2)), (m.group(3) or "").lower().replace(".", "")
-    if hour > 24 or minute > 59:
-        return _digits(m.group(1)) + " " + _digits(m.group(2))
-    if minute == 0:
-        words = number_to_words(hour) + ("" if ampm else " o'clock")
-    elif minute < 10:
-        words = number_to_words(hour) + " oh " + ONES[minute]
-    else:
-        words = number_to_words(hour) + " " + number_to_words(minute)
-    return words + (" " + " ".join(ampm.upper()) if ampm else "")
-
-
-def _date(m: re.Match) -> str:
-    month, day, year = int(m.group(1)), int(m.group(2)), m.group(3)
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return _digits(m.group(0))
-    words = MONTHS[month - 1].capitalize() + " " + ordinal_words(day)
-    if year:
-        words += ", " + year_words(int(year) + (2000 if len(year) == 2 else 0))
-    return words
-
-
-def _iso_date(m: re.Match) -> str:
-    year, month, day = int(m.group(1)), int(m.group(2)), int(m.group(3))
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return _digits(m.group(0))
-    return f"{MONTHS[month - 1].capitalize()} {ordinal_words(day)}, {year_words(year)}"
-
-
-def _number(m: re.Match) -> str:
-    s = m.group(0)
-    if "." in s:
-        whole, frac = s.split(".", 1)
-        return number_to_words(int(whole.replace(",", "") or 0)) + " point " + _digits(frac)
-    plain = s.replace(",", "")
-    if "," not in s and (len(plain) >= 5 or (len(plain) > 1 and plain[0] == "0")):
-        return _digits(plain, group=3 if len(plain) > 6 else 0)  # account/order numbers
-    n = int(plain)
-    if "," not in s and len(plain) == 4 and 1100 <= n <= 2099:
-        return year_words(n)
-    return number_to_words(n)
-
-
-def _phone(m: re.Match) -> str:
-    """'555-123-4567' / '(555) 123-4567' -> digit groups separated by pauses."""
-    groups = re.findall(r"\d+", m.group(0))
-    return ", ".join(_digits(g) for g in groups)
+def _say_letter(c: str) -> str:
+    """A spelled letter as Parley's voice should say it: espeak reads a lone "A" as "uh"."""
+    return LETTER_NAMES.get(c, c.upper())
 
 
 def _abbreviation(m: re.Match) -> str:
@@ -145,17 +63,16 @@ def clean_text(text: str) -> str:
         if unicodedata.combining(c):
             continue
         if c in "\u2018\u2019\u02bc":
-            c = "'"
+            out.append("'")
         elif c in "\u201c\u201d":
-            c = '"'
-        elif c in "\u2013\u2014":
-            c = ", "
+            out.append('"')
+        elif c in "\u2013\u2014":  # a dash between clauses is a pause
+            out.append(", ")
         elif c == "\u2026":
-            c = "..."
-        category = unicodedata.category(c)
-        if c.isascii() and (c.isprintable() or c in "\n\t"):
+            out.append("...")
+        elif c.isascii() and (c.isprintable() or c in "\n\t"):
             out.append(c if c.isprintable() else " ")
-        elif category.startswith("Z") or category.startswith("C"):
+        elif unicodedata.category(c)[0] in "ZC":
             out.append(" ")
         elif c in SYMBOL_WORDS:
             out.append(c)
@@ -164,30 +81,27 @@ def clean_text(text: str) -> str:
     return "".join(out)
 
 
+SPOKEN_AS_WORDS = ("OK", "US", "USA", "TV", "AM", "PM", "ID")  # caps that espeak-ng reads right
+
+
+def _spell_acronyms(text: str) -> str:
+    """All-caps words in mixed-case text are acronyms: spell them ("IBM" -> "I B M")."""
+    if not re.search(r"[a-z]", text):  # all-caps text is shouting, not acronyms
+        return text
+    return re.sub(r"\b[A-Z]{2,4}\b", lambda m: m.group(0) if m.group(0) in SPOKEN_AS_WORDS
+                  else " " + spell(m.group(0), _say_letter) + " ", text)
+
+
 def normalize_text(text: str) -> str:
-    """Written English -> the words to speak, keeping case and phrase punctuation."""
+    """Written English -> the words to speak, keeping case and phrase punctuation.
+
+    The reading of numbers, money, times, dates and IDs is engine/textnorm.py's, shared with
+    the STT labels and WER; abbreviations and acronyms are this voice's pronunciation."""
     t = re.sub(r"\S{41,}", " ", clean_text(text))  # no 40+ character "words": garbage, URLs
     t = re.sub(r"\b(?:[A-Za-z]{1,5}\.){1,3}(?=\s|$)", _abbreviation, t)
-    t = re.sub(r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:\s?(million|billion|thousand|trillion)\b)?",
-               lambda m: " " + _money(m) + " ", t)
-    t = re.sub(r"\(?\b\d{3}\)?[-. ]\d{3}[-.]\d{4}\b", lambda m: " " + _phone(m) + " ", t)
-    t = re.sub(r"\b(\d{4})-(\d{2})-(\d{2})\b", lambda m: " " + _iso_date(m) + " ", t)
-    t = re.sub(r"\b(\d{1,2}):(\d{2})\s?([AaPp]\.?[Mm]\b)?", lambda m: " " + _time(m) + " ", t)
-    t = re.sub(r"\b(\d{1,2})/(\d{1,2})(?:/(\d{4}|\d{2}))?\b", lambda m: " " + _date(m) + " ", t)
-    month_day = r"\b(" + "|".join(mo.capitalize() for mo in MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?\b(?![:.,]?\d)"
-    t = re.sub(month_day, lambda m: f"{m.group(1)} {ordinal_words(int(m.group(2)))}", t)
-    t = re.sub(r"\b(\d+)(st|nd|rd|th)\b", lambda m: " " + ordinal_words(int(m.group(1))) + " ", t)
-    t = re.sub(r"\b(\d+(?:\.\d+)?)\s?%", lambda m: " " + _number(re.match(r".*", m.group(1))) + " percent", t)
-    # IDs that mix letters and digits ("AB1234", "4B", "X-9") are read one character at a time.
-    t = re.sub(r"\b(?=[A-Za-z-]*\d)(?=[\d-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*\b",
-               lambda m: " " + _spell(m.group(0)) + " ", t)
-    if re.search(r"[a-z]", t):  # all-caps words in mixed-case text are acronyms: spell them
-        t = re.sub(r"\b[A-Z]{2,4}\b", lambda m: " " + _spell(m.group(0)) + " "
-                   if m.group(0) not in ("OK", "US", "USA", "TV", "AM", "PM", "ID") else m.group(0), t)
-    t = re.sub(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?", lambda m: (" minus " if m.group(0).startswith("-") else " ")
-               + _number(re.match(r".*", m.group(0).lstrip("-"))) + " ", t)
-    for symbol, words in SYMBOL_WORDS.items():
-        t = t.replace(symbol, words)
+    t = read_forms(t, _say_letter)
+    t = _spell_acronyms(t)  # before plain numbers: "CALL 911 NOW" stays shouting
+    t = read_symbols(read_numbers(t))
     t = re.sub(r"[\"()\[\]{}*_~^`|\\<>]", " ", t)
     t = re.sub(r"\s*([,;:.!?])(?:\s*[,;:.!?])*", r"\1", t)  # ", ." -> ","
     t = re.sub(r"(?<=[,;:.!?])(?=\w)", " ", t)

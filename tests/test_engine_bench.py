@@ -163,7 +163,7 @@ def test_stt_by_text_splits_prose_from_dialogue(tmp_path):
     assert result["all"] == split
     # each column is what `transcribe` reads, greedy and with the shipped LM
     from engine import stt
-    from engine.train.textnorm import normalize_for_wer
+    from engine.wer import normalize_for_wer
     from engine.wavfile import read_wav
     from engine.wer import word_error_rate
     model = stt.load_model().eval()

@@ -1,30 +1,144 @@
-"""The dependency arrow points one way: gateway -> engine, never back."""
+"""The dependency arrows point one way (docs/architecture.md, "Layers"):
+
+- engine never imports gateway;
+- the gateway uses only the engine's public surface: `engine`, `engine.interface`, `engine.textnorm`;
+- serving code (engine/ but engine/train/ and engine/bench.py, and gateway/) never reaches
+  engine.train, however it is written: `from engine.train import x`, `import engine.train`,
+  `from . import train`, `import engine` and then `engine.train`, or importlib.
+
+Static: the source is parsed, never imported, so a module's imports inside functions count too.
+"""
+
+from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ENGINE_PUBLIC = {"engine", "engine.interface", "engine.textnorm"}
+OFFLINE = ("engine/train/", "engine/bench.py")  # training recipes and benchmarks: not needed to serve
 
 
-def imported_modules(path: Path) -> set[str]:
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def resolve(path: Path, module: str | None, level: int) -> str:
+    """The absolute name of `from <level dots><module> import ...` written in `path`."""
+    if level == 0:
+        return module or ""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def dotted(node: ast.AST) -> str | None:
+    """'engine.train.corpus' for the expression engine.train.corpus, else None."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(names)])
+    return None
+
+
+def imported_names(path: Path, attributes: bool = True) -> set[str]:
+    """Every module `path` reaches by name: imports (absolute and relative, each `from` name
+    also as a possible submodule), attribute chains on a name bound to a module, and
+    importlib.import_module / __import__ with a literal name."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = set()
+    names: set[str] = set()
+    bound: dict[str, str] = {}  # local name -> the module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            for alias in node.names:
+                names.add(alias.name)
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    bound[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(path, node.module, node.level)
+            names.add(base)
+            for alias in node.names:
+                names.add(f"{base}.{alias.name}")
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Call) and dotted(node.func) in ("importlib.import_module", "import_module",
+                                                                  "__import__"):
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value)
+    for node in ast.walk(tree) if attributes else ():
+        if isinstance(node, ast.Attribute) and (chain := dotted(node)):
+            head, _, rest = chain.partition(".")
+            if head in bound and rest:
+                names.add(f"{bound[head]}.{rest}")
     return names
 
 
+def reaches(names: set[str], package: str) -> set[str]:
+    return {n for n in names if n == package or n.startswith(package + ".")}
+
+
+def python_files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def serving_files() -> list[Path]:
+    files = python_files("engine") + python_files("gateway")
+    return [p for p in files if not str(p.relative_to(ROOT)).startswith(OFFLINE)]
+
+
 def test_engine_never_imports_gateway():
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "engine").rglob("*.py") if "gateway" in imported_modules(p)]
-    assert offenders == []
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "gateway"))
+                 for p in python_files("engine")}
+    assert {p: n for p, n in offenders.items() if n} == {}
 
 
-def test_gateway_uses_only_the_engine_public_interface():
-    for path in (ROOT / "gateway").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("engine."):
-                assert node.module in ("engine.interface",), f"{path}: imports {node.module}"
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_gateway_uses_only_the_engine_public_surface():
+    """Import statements only (`engine.SpeechEngine` is the package's own export, not a module)."""
+    offenders = {}
+    for path in python_files("gateway"):
+        modules = {n for n in reaches(imported_names(path, attributes=False), "engine") if is_module(n)}
+        if modules - ENGINE_PUBLIC:
+            offenders[str(path.relative_to(ROOT))] = sorted(modules - ENGINE_PUBLIC)
+    assert offenders == {}
+
+
+def test_serving_code_never_reaches_training_code():
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "engine.train"))
+                 for p in serving_files()}
+    assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def test_the_layout_checks_see_every_way_of_writing_an_import(tmp_path, monkeypatch):
+    """The detector itself: each spelling of 'reach engine.train' is caught."""
+    spellings = {
+        "from engine.train.corpus import build_corpus": True,
+        "import engine.train.corpus": True,
+        "from engine import train": True,
+        "import engine\nx = engine.train.corpus": True,
+        "import engine as e\ne.train.corpus.build_corpus()": True,
+        "import importlib\nimportlib.import_module('engine.train.synth')": True,
+        "from .train import textnorm": True,
+        "from . import train": True,
+        "import engine\nengine.Final": False,
+        "from engine.textnorm import normalize": False,
+        "from .textnorm import normalize": False,
+    }
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "engine").mkdir()
+    for i, (source, caught) in enumerate(spellings.items()):
+        path = tmp_path / "engine" / f"m{i}.py"
+        path.write_text(source + "\n")
+        assert bool(reaches(imported_names(path), "engine.train")) is caught, source

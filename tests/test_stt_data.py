@@ -16,7 +16,7 @@ from engine.train.corpus import build_corpus, general_corpus, short_turn_corpus,
 from engine.train.real_data import RealRecordings, find_items, speech_spans
 from engine.train.stt_data import (EOT_FRAME, END, PAUSE, SPEECH, SttDataset, call_context_example, eot_labels,
                                    make_example, make_loader, read_shard)
-from engine.train.textnorm import ALPHABET, normalize, number_to_words, ordinal_words
+from engine.textnorm import ALPHABET, normalize, number_to_words, ordinal_words
 
 SR = 16000
 

@@ -17,7 +17,7 @@ from engine import weights
 from engine.audio import log_mel, stack_frames, to_float
 from engine.interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart
 from engine.stt import SHIPPED_WEIGHTS, FrozenSttModel, Recognizer, load_model, transcribe
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.wavfile import read_wav
 from engine.wer import char_error_rate, word_error_rate
 

@@ -1,10 +1,10 @@
-"""The WER scoring form (engine.train.textnorm.normalize_for_wer): spoken and written
+"""The WER scoring form (engine.wer.normalize_for_wer): spoken and written
 numbers meet in one canonical digit form, so a recogniser that writes "412" is scored
 the same as one that says "four one two". Fast; no model needed."""
 
 import pytest
 
-from engine.train.textnorm import normalize_for_wer, number_words_to_digits
+from engine.wer import normalize_for_wer, number_words_to_digits
 from engine.wer import word_error_rate
 
 

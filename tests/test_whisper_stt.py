@@ -12,7 +12,7 @@ import pytest
 from engine.bench import pairs, stream_file
 from engine.interface import EndOfTurn, Final, Partial, SpeechStart
 from engine.stt import load_model
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.vad import SileroVad
 from engine.wavfile import read_wav
 from engine.wer import word_error_rate

@@ -21,7 +21,7 @@ from pathlib import Path
 from engine.turn import SHIPPED_TURNS, count_turns, write_turns
 from engine.train.build_lm import spelled
 from engine.train.corpus import SEED, build_corpus, short_turn, split_corpus
-from engine.train.textnorm import normalize
+from engine.textnorm import normalize
 
 SHORT_TURNS = 20_000  # about a fifth of the turns counted
 

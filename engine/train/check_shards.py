@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from engine.train.stt_data import END, EOT_FRAME, SPEECH, eot_labels, list_shards, read_shard
-from engine.train.textnorm import normalize
+from engine.textnorm import normalize
 from engine.wer import edit_distance
 
 SAMPLE_RATE = 16000

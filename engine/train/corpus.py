@@ -19,7 +19,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from engine.train.textnorm import normalize, number_to_words, ordinal_words, year_words
+from engine.textnorm import normalize, number_to_words, ordinal_words, year_words
 
 SEED = 1234
 N_DIALOGUE = 60_000        # generated contact-center utterances (distinct texts)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.train.textnorm import normalize
+from engine.textnorm import normalize
 
 SAMPLE_RATE = 16000            # Hz
 AUDIO_EXTS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a")

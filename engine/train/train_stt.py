@@ -36,7 +36,7 @@ from engine import weights
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE, log_mel, stack_frames
 from engine.stt import SttConfig, SttModel, encode_text, load_model, transcribe
 from engine.train.checkpoints import apply_overrides, log, save_checkpoint
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.wer import word_error_rate
 
 # -- configuration ----------------------------------------------------------------------------

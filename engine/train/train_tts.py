@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from engine import vocoder, weights
 from engine.tts import END_ID, TtsConfig, TtsModel, synthesize_parallel
 from engine.train.checkpoints import apply_overrides, log, save_checkpoint
-from engine.train.textnorm import normalize_for_wer
+from engine.wer import normalize_for_wer
 from engine.wer import word_error_rate
 
 # -- configuration ----------------------------------------------------------------------------

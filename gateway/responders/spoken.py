@@ -12,25 +12,21 @@ import datetime as dt
 import re
 from typing import Optional
 
-DIGIT_WORDS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
-               "seven": 7, "eight": 8, "nine": 9, "nought": 0, "naught": 0}
+from engine import textnorm
+
+# Number, month and weekday words are engine/textnorm.py's, the words Parley's STT labels and
+# TTS use, so a slot parser hears exactly what the recognizer was taught to write.
+DIGIT_WORDS = {word: value for value, word in enumerate(textnorm.ONES[:10])} | {"nought": 0, "naught": 0}
 # Said as digits but also common words, or STT's homophones of digits: a digit only next to
 # another number ("four oh two", "for one two"), never on its own ("oh i see", "talk to").
 LOOSE_DIGIT_WORDS = {"oh": 0, "o": 0, "won": 1, "to": 2, "too": 2, "for": 4, "ate": 8}
-TEENS = {"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
-         "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19}
-TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
-        "eighty": 80, "ninety": 90}
+TEENS = {word: value for value, word in enumerate(textnorm.ONES) if value >= 10}
+TENS = {word: 10 * value for value, word in enumerate(textnorm.TENS) if value >= 2}
 REPEATS = {"double": 2, "triple": 3}
-ONES_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
-ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6,
-            "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12,
-            "thirteenth": 13, "fourteenth": 14, "fifteenth": 15, "sixteenth": 16,
-            "seventeenth": 17, "eighteenth": 18, "nineteenth": 19, "twentieth": 20, "thirtieth": 30}
-MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august",
-          "september", "october", "november", "december"]
-WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+ORDINALS = {textnorm.ordinal_words(day): day for day in (*range(1, 21), 30)}  # first .. twentieth, thirtieth
+MONTHS = textnorm.MONTHS
+WEEKDAYS = textnorm.WEEKDAYS
 
 YES_PHRASES = ["yes", "yeah", "yep", "yup", "ya", "yah", "sure", "correct", "right", "absolutely",
                "definitely", "affirmative", "okay", "ok", "of course", "i do", "it is", "i did",
@@ -257,10 +253,4 @@ def _day_start(tokens: list[str], of_index: int) -> int:
 
 def read_date(date: dt.date) -> str:
     """date(2026, 3, 16) -> 'Monday, March sixteenth'."""
-    day = date.day
-    if day in ORDINALS.values():
-        ordinal = next(word for word, value in ORDINALS.items() if value == day)
-    else:
-        tens = "twenty" if day < 30 else "thirty"
-        ordinal = tens + " " + next(word for word, value in ORDINALS.items() if value == day % 10)
-    return f"{WEEKDAYS[date.weekday()].title()}, {MONTHS[date.month - 1].title()} {ordinal}"
+    return f"{WEEKDAYS[date.weekday()].title()}, {MONTHS[date.month - 1].title()} {textnorm.ordinal_words(date.day)}"
