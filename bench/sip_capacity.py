@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import SpeechEngine  # noqa: E402
 from gateway.app import SIP_KEY, WARMUP_KEY, create_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
-from tests.sipp import dtmf_capture, run_sipp, scenario, ulaw_file  # noqa: E402
-from tests.test_sip_calls import CALLER_WAV, SipEvents, free_udp_port  # noqa: E402
+from tests.kit.sipp import CALLER_WAV, SipEvents, dtmf_capture, free_udp_port, run_sipp, scenario, ulaw_file  # noqa: E402
 
 TALK_MS = 12000  # each caller stays this long before its key, so replies happen with every call up
 

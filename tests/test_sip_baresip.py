@@ -16,7 +16,8 @@ from engine import SpeechEngine
 from engine.tts import load_model as load_tts
 from engine.wavfile import read_wav
 from tests.conftest import missing
-from tests.test_sip_calls import CALLER_WAV, DEADLINE_S, sip_gateway
+from tests.kit.sipp import CALLER_WAV, EVENT_DEADLINE_S as DEADLINE_S
+from tests.test_sip_calls import sip_gateway
 
 pytestmark = pytest.mark.timeout(300)  # whole-suite cost: about half a minute
 BARESIP = shutil.which("baresip")

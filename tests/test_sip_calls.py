@@ -7,9 +7,6 @@ engine where speech is involved (Whisper tiny.en reads the caller)."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,40 +17,11 @@ from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
 from gateway.app import SIP_KEY
 from tests.conftest import missing
-from tests.sipp import SIPP, dtmf_capture, run_sipp, scenario, ulaw_file
-from tests.test_stt_shipped import SPEECH
+from tests.kit.sipp import CALLER_WAV, EVENT_DEADLINE_S, SIPP, SipEvents, dtmf_capture, free_udp_port, run_sipp, \
+    scenario, ulaw_file
 
 pytestmark = pytest.mark.timeout(600)  # whole-suite cost: about two minutes on a busy 2-core machine
-DEADLINE_S = 120.0  # generous: the machine may be busy
-CALLER_WAV = SPEECH / "flite_slt-020.wav"  # "my name is sue"
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class SipEvents:
-    """Every SIP call's events, by call id, awaitable."""
-
-    def __init__(self, agent) -> None:
-        self.by_call: dict[str, list[dict]] = defaultdict(list)
-        self._changed = asyncio.Event()
-        agent.event_listeners.append(self._on_event)
-
-    def _on_event(self, call, event: dict) -> None:
-        self.by_call[call.call_id].append(event)
-        self._changed.set()
-
-    def all(self, type_: str) -> list[dict]:
-        return [e for events in self.by_call.values() for e in events if e["type"] == type_]
-
-    async def wait(self, condition, timeout: float = DEADLINE_S) -> None:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                self._changed.clear()
-                await self._changed.wait()
+DEADLINE_S = EVENT_DEADLINE_S
 
 
 def voice():

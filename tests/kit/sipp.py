@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import warnings
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop  # the reference G.711 encoder (stdlib up to 3.12)
 
-SCENARIOS = Path(__file__).parent / "sip_scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "sip_scenarios"
+CALLER_WAV = Path(__file__).resolve().parents[1] / "data" / "speech" / "flite_slt-020.wav"  # "my name is sue"
+EVENT_DEADLINE_S = 120.0  # generous: the machine may be busy
 SIPP = shutil.which("sipp")
 SIP_TESTER = Path("/usr/share/sip-tester")  # sip-tester's RFC 4733 captures: dtmf_2833_<key>.pcap
 SIPP_DEADLINE_S = 240.0  # generous: the machine may be busy
@@ -67,3 +71,31 @@ async def run_sipp(scenario_path: Path, sip_port: int, calls: int = 1, rate: int
     errors = scenario_path.with_suffix(".errors.log")
     detail = errors.read_text()[-3000:] if errors.exists() else ""
     return proc.returncode, out.decode(errors="replace")[-3000:] + detail
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SipEvents:
+    """Every SIP call's events (the agent's event listeners), by call id, awaitable."""
+
+    def __init__(self, agent) -> None:
+        self.by_call: dict[str, list[dict]] = defaultdict(list)
+        self._changed = asyncio.Event()
+        agent.event_listeners.append(self._on_event)
+
+    def _on_event(self, call, event: dict) -> None:
+        self.by_call[call.call_id].append(event)
+        self._changed.set()
+
+    def all(self, type_: str) -> list[dict]:
+        return [e for events in self.by_call.values() for e in events if e["type"] == type_]
+
+    async def wait(self, condition, timeout: float = EVENT_DEADLINE_S) -> None:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self._changed.clear()
+                await self._changed.wait()
