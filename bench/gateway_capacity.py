@@ -4,7 +4,7 @@ How it runs
 -----------
 1. Starts the gateway as its own process (`python -m gateway serve`, echo-test mode, call.stats
    every second, --ice-addresses 127.0.0.1) on a free loopback port and waits for /livez.
-2. For each size N in --sizes, opens N concurrent real aiortc callers (tests.peer.Caller) spread
+2. For each size N in --sizes, opens N concurrent real aiortc callers (tests.kit.peer.Caller) spread
    over --client-procs worker processes. Each caller sends a looped chirp signal with its own
    20 ms pacing and records what comes back. Once all N are connected (or have failed), a
    measurement window of --seconds starts, the same wall-clock window for every process.
@@ -74,8 +74,8 @@ import aiohttp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gateway.ice import use_host_addresses  # noqa: E402
-from tests.peer import RATE, Caller, encode_opus  # noqa: E402
-from tests.signals import chirp_sequence  # noqa: E402
+from tests.kit.peer import RATE, Caller, encode_opus  # noqa: E402
+from tests.kit.signals import chirp_sequence  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 AUDIO_BACK_PEAK = 0.05  # a call "got audio back" if the echo peaks above this (chirps are 0.5)

@@ -4,7 +4,7 @@ across two nodes sharing Redis.
 How it runs
 -----------
 Starts a throwaway redis-server and two gateways (`python -m gateway serve --redis-url …`,
-echo-test mode) on free loopback ports. One light aiortc caller (tests.peer.Caller) calls
+echo-test mode) on free loopback ports. One light aiortc caller (tests.kit.peer.Caller) calls
 node A. Then, `--cycles` times:
 
 1. The caller sends a marker (a client message the gateway answers with a logged `error`
@@ -40,11 +40,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.ice import use_host_addresses  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.peer import Caller  # noqa: E402
-from tests.processes import kill, start_server, wait_ready  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.test_resume import QUIET  # noqa: E402
+from tests.kit.ports import free_port  # noqa: E402
+from tests.kit.peer import QUIET, Caller  # noqa: E402
+from tests.kit.processes import kill, start_server, wait_ready  # noqa: E402
+from tests.kit.redis_server import RedisServer  # noqa: E402
 
 SECRET = "bench-reconnect-secret"
 STEP_TIMEOUT_S = 30.0

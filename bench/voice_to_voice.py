@@ -60,11 +60,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.audio import to_float  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.processes import kill, start_server, wait_ready  # noqa: E402
-from tests.signals import resample, write_wav  # noqa: E402
-from tests.test_browser import CHROMIUM, chromium_args  # noqa: E402
-from tests.test_metrics import scrape  # noqa: E402
+from tests.kit.ports import free_port  # noqa: E402
+from tests.kit.processes import kill, start_server, wait_ready  # noqa: E402
+from tests.kit.signals import resample, write_wav  # noqa: E402
+from tests.kit.browser import CHROMIUM, chromium_args  # noqa: E402
+from tests.kit.metrics import scrape  # noqa: E402
 
 RATE = 48000
 FRAME_S = 0.01  # analysis frames

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from typing import AsyncIterator, Callable, Iterator, NoReturn
 
 import aiohttp
@@ -38,12 +37,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Gateway:
@@ -81,7 +74,7 @@ async def start_gateway() -> AsyncIterator[Callable[..., "Gateway"]]:
 @pytest.fixture
 def redis_server() -> Iterator["RedisServer"]:
     """A real redis-server on a random port, killed after the test."""
-    from tests.redis_server import REDIS_SERVER, RedisServer
+    from tests.kit.redis_server import REDIS_SERVER, RedisServer
 
     if REDIS_SERVER is None:
         missing("redis-server is not installed (apt-get install redis-server; `make test` does)")

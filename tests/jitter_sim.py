@@ -11,7 +11,7 @@ import numpy as np
 
 from gateway.jitter import FRAME_MS, JitterBuffer, RTP_TICKS_PER_FRAME
 from gateway.opus import OpusDecoder, OpusEncoder
-from tests.signals import voiced_speech
+from tests.kit.signals import voiced_speech
 
 FRAME_S = FRAME_MS / 1000
 

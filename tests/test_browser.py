@@ -20,9 +20,9 @@ import pytest
 from playwright.async_api import async_playwright
 
 from tests.conftest import missing
-from tests.signals import chirp_sequence, find_signal, match_chirps, resample, write_wav
+from tests.kit.browser import CHROMIUM, chromium_args
+from tests.kit.signals import chirp_sequence, find_signal, match_chirps, resample, write_wav
 
-CHROMIUM = Path("/usr/bin/chromium")
 RATE = 48000
 ECHO_DELAY_MS = 300
 # Chromium's fake microphone starts the file when getUserMedia opens, and what it captures
@@ -39,23 +39,6 @@ SCREENSHOT = Path("/tmp/parley_demo.png")
 def chromium() -> None:
     if not CHROMIUM.exists():
         missing(f"needs Chromium at {CHROMIUM} (apt-get install chromium; `make test` does)")
-
-
-def chromium_args(wav: Path) -> list[str]:
-    return [
-        "--no-sandbox",
-        "--use-fake-ui-for-media-stream",  # grant the microphone without a prompt
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop",
-        "--autoplay-policy=no-user-gesture-required",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-gpu",
-        "--allow-loopback-in-peer-connection",  # the gateway offers only 127.0.0.1
-        "--disable-features=WebRtcHideLocalIpsWithMdns",  # real IPs, not .local names
-    ]
 
 
 # Records whatever the <audio id=remote> element is given, from the moment it has a stream.
@@ -265,7 +248,7 @@ async def test_browser_conversation_view(start_gateway, tmp_path, http):
     and the page reports when the reply starts playing: the waterfall's last stage."""
     from engine.wavfile import read_wav
     from tests.test_conversation_call import conversation_engine
-    from tests.test_metrics import scrape
+    from tests.kit.metrics import scrape
     from tests.test_stt_shipped import SPEECH
 
     speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)

@@ -11,7 +11,7 @@ import numpy as np
 
 import gateway.app as app_module
 from gateway.events import EventChannel
-from tests.peer import RATE, Caller
+from tests.kit.peer import RATE, Caller
 from tests.test_metrics import DEADLINE_S, wait_for_metrics
 
 OPEN_POLL_S = 0.02

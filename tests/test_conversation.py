@@ -27,7 +27,7 @@ from gateway.pacer import PacedAudioTrack
 from gateway.responders import EchoResponder, Handoff, Responder
 from gateway.responders.openai import OpenAIResponder
 from gateway.sessions import Turn
-from tests.conftest import free_port
+from tests.kit.ports import free_port
 
 TTS_RATE = 16000
 WORD_S = 0.1  # each word plays for this long

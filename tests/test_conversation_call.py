@@ -24,10 +24,10 @@ from engine.tts import SHIPPED_WEIGHTS as TTS_WEIGHTS
 from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
 from engine.wavfile import read_wav
-from bench.replay_call import replay
+from tests.kit.replay import replay
 from gateway.recording import read_recording
-from tests.peer import RATE, Caller
-from tests.signals import resample
+from tests.kit.peer import RATE, Caller
+from tests.kit.signals import resample
 from tests.test_resume import DEADLINE_S
 from tests.test_stt_shipped import SPEECH
 

@@ -7,9 +7,9 @@ import asyncio
 import signal
 
 from gateway.sessions import events_key, lease_key
-from tests.conftest import free_port
-from tests.peer import Caller
-from tests.processes import DEADLINE_S, kill, start_server, wait_ready
+from tests.kit.ports import free_port
+from tests.kit.peer import Caller
+from tests.kit.processes import DEADLINE_S, kill, start_server, wait_ready
 from tests.test_resume import QUIET, SECRET, connect, provoke_error_event, wait_until
 
 LEASE_TTL_S = "1.5"

@@ -6,9 +6,9 @@ import signal
 
 import numpy as np
 
-from tests import processes
-from tests.peer import RATE, Caller
-from tests.processes import DEADLINE_S, kill, wait_ready
+from tests.kit import processes
+from tests.kit.peer import RATE, Caller
+from tests.kit.processes import DEADLINE_S, kill, wait_ready
 
 DRAIN_TIMEOUT_S = 2
 

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from tests.peer import RATE, Caller
-from tests.signals import chirp_sequence, match_chirps, resample
+from tests.kit.peer import RATE, Caller
+from tests.kit.signals import chirp_sequence, match_chirps, resample
 
 ECHO_DELAY_MS = 300
 

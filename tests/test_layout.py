@@ -4,7 +4,8 @@
 - the gateway uses only the engine's public surface: `engine`, `engine.interface`, `engine.textnorm`;
 - serving code (engine/ but engine/train/ and engine/bench.py, and gateway/) never reaches
   engine.train, however it is written: `from engine.train import x`, `import engine.train`,
-  `from . import train`, `import engine` and then `engine.train`, or importlib.
+  `from . import train`, `import engine` and then `engine.train`, or importlib;
+- tests never import bench/, and bench/ takes from tests/ only tests/kit/.
 
 Static: the source is parsed, never imported, so a module's imports inside functions count too.
 """
@@ -142,3 +143,27 @@ def test_the_layout_checks_see_every_way_of_writing_an_import(tmp_path, monkeypa
         path = tmp_path / "engine" / f"m{i}.py"
         path.write_text(source + "\n")
         assert bool(reaches(imported_names(path), "engine.train")) is caught, source
+
+
+def test_tests_never_import_bench():
+    """What a test and a benchmark share lives in tests/kit/; a benchmark's own tests live in bench/."""
+    files = [p for p in python_files("tests")]
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "bench")) for p in files}
+    assert {p: n for p, n in offenders.items() if n} == {}
+
+
+# Known debt, to move into tests/kit/: the SIP benchmark reuses the SIP tests' helpers (tests/sipp.py,
+# tests/test_sip_calls.py). Remove an entry once its file imports only the kit.
+BENCH_IMPORTING_TESTS = {"bench/sip_capacity.py"}
+
+
+def test_bench_takes_from_tests_only_the_kit():
+    offenders = {}
+    for path in python_files("bench"):
+        if str(path.relative_to(ROOT)) in BENCH_IMPORTING_TESTS:
+            continue
+        outside_kit = {n for n in reaches(imported_names(path), "tests") if not reaches({n}, "tests.kit")
+                       and n != "tests"}
+        if outside_kit:
+            offenders[str(path.relative_to(ROOT))] = sorted(outside_kit)
+    assert offenders == {}

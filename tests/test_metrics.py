@@ -4,26 +4,12 @@ import asyncio
 import time
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.peer import RATE, Caller
-from tests.signals import chirp_sequence
+from tests.kit.peer import RATE, Caller
+from tests.kit.metrics import scrape
+from tests.kit.signals import chirp_sequence
 
 DEADLINE_S = 60.0  # generous: the machine may be busy
-
-
-async def scrape(http, url: str) -> dict[str, float]:
-    """{sample name with sorted labels: value} from one /metrics scrape."""
-    async with http.get(url + "/metrics") as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = await response.text()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
 
 
 async def wait_for_metrics(http, url: str, predicate) -> dict[str, float]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gateway.opus import OpusDecoder, OpusEncoder, OpusError
-from tests.signals import voiced_speech
+from tests.kit.signals import voiced_speech
 
 
 def speechlike(frames: int, rate: int = 48000) -> list[np.ndarray]:

@@ -7,7 +7,7 @@ import wave
 import numpy as np
 import pytest
 
-from bench.replay_call import suppress
+from tests.kit.replay import suppress
 from gateway.config import Config, ConfigError
 from gateway.echo_suppressor import FRAME, EchoSuppressor
 from gateway.recording import CallRecording, read_recording
@@ -65,7 +65,7 @@ def test_record_dir_must_exist(tmp_path):
 
 
 def test_replaying_something_that_is_not_a_recording_says_so(tmp_path):
-    from bench.replay_call import main
+    from tests.kit.replay import main
 
     (tmp_path / "notes.wav").write_text("not audio")
     with pytest.raises(SystemExit, match="replay_call: .*RIFF"):

@@ -10,16 +10,13 @@ import logging
 import time
 from typing import Awaitable, Callable, Union
 
-import numpy as np
-
 from gateway.sessions import lease_key, session_key, events_key
-from tests.peer import FRAME, Caller, encode_opus
+from tests.kit.peer import QUIET, Caller
 
 DEADLINE_S = 30.0  # generous: the machine may be busy
 POLL_S = 0.05
 SECRET = "test-secret-shared-by-every-node"
 LEASE_TTL_S = 1.5  # short, so takeovers and expiries happen within a test
-QUIET = encode_opus(np.zeros(FRAME * 5, dtype=np.float32))
 
 
 async def wait_until(check: Callable[[], Union[bool, Awaitable[bool]]], what: str,

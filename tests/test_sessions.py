@@ -15,8 +15,8 @@ from gateway.sessions import (MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, MemorySes
                               SessionNotFound, SessionStore, StoreUnavailable, TakeoverRequested, Turn,
                               VersionConflict, events_key, lease_key, new_record, open_store,
                               session_key)
-from tests.conftest import free_port
-from tests.redis_server import RedisServer
+from tests.kit.ports import free_port
+from tests.kit.redis_server import RedisServer
 
 POLL_S = 0.05
 SHORT_TTL_S = 0.3  # for leases and sessions that must expire during a test

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import SpeechEngine
 from engine.stt import CHAR_TO_ID, END_OF_TURN, SttConfig, SttModel
-from tests.peer import Caller
+from tests.kit.peer import Caller
 from tests.test_resume import DEADLINE_S, QUIET, connect, wait_until
 
 

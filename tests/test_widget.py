@@ -22,7 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from gateway import call_tokens
-from tests.signals import resample, write_wav
+from tests.kit.signals import resample, write_wav
 from tests.test_browser import RATE, WAIT_MS, chromium, demo_page, wait_for_no_calls  # noqa: F401 (chromium: a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ POLL_S = 0.05
 
 class RedisServer:
     def __init__(self, port: Optional[int] = None) -> None:
-        from tests.conftest import free_port
+        from tests.kit.ports import free_port
 
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -85,6 +85,9 @@ def encode_opus(samples: np.ndarray) -> list[bytes]:
     return [encoder.encode(frame) for frame in pcm.reshape(-1, FRAME)]
 
 
+QUIET = encode_opus(np.zeros(FRAME * 5, dtype=np.float32))  # 100 ms of silence, ready to send
+
+
 class PacketCounter:
     """Stands in for aiortc's jitter buffer on a light caller's receiver: counts, never decodes."""
 
@@ -135,7 +138,7 @@ class Caller:
         self.events.append(json.loads(message))
         self.event_arrived.set()
 
-    async def call(self, session: aiohttp.ClientSession, resume_token: Optional[str] = None,
+    async def call(self, http: aiohttp.ClientSession, resume_token: Optional[str] = None,
                    last_seq: Optional[int] = None) -> dict:
         self.pc.addTrack(self.track)
         self.pc.on("track", self._on_track)
@@ -145,7 +148,7 @@ class Caller:
             body["resume_token"] = resume_token
         if last_seq is not None:
             body["last_seq"] = last_seq
-        async with session.post(self.base_url + "/v1/calls", json=body) as response:
+        async with http.post(self.base_url + "/v1/calls", json=body) as response:
             self.response = await response.json()
             if response.status != 201:
                 raise RuntimeError(f"call refused: {response.status} {self.response}")
@@ -206,10 +209,10 @@ class Caller:
                 raise RuntimeError(f"connection {self.pc.connectionState}")
             await asyncio.sleep(0.05)
 
-    async def hang_up(self, session: aiohttp.ClientSession) -> int:
+    async def hang_up(self, http: aiohttp.ClientSession) -> int:
         status = 0
         if self.response.get("location"):
-            async with session.delete(self.base_url + self.response["location"]) as response:
+            async with http.delete(self.base_url + self.response["location"]) as response:
                 status = response.status
         await self.close()
         return status

@@ -1,0 +1,13 @@
+"""What the tests and the benchmarks (bench/) share: one place, imported by both.
+
+    peer          an aiortc caller (offer, Opus out, audio and events back)
+    processes     a gateway process started, waited for and stopped
+    redis_server  a throwaway redis-server
+    signals       test audio: chirps, voiced speech, resampling, WAV files
+    ports         a free local port
+    browser       headless Chromium's flags for a fake microphone
+    metrics       one /metrics scrape as {sample: value}
+    replay        a recorded call replayed through the echo suppressor and the recognizer
+
+Tests never import bench/ (tests/test_layout.py); bench/ imports only this kit from tests/.
+"""
