@@ -152,16 +152,9 @@ def test_tests_never_import_bench():
     assert {p: n for p, n in offenders.items() if n} == {}
 
 
-# Known debt, to move into tests/kit/: the SIP benchmark reuses the SIP tests' helpers (tests/sipp.py,
-# tests/test_sip_calls.py). Remove an entry once its file imports only the kit.
-BENCH_IMPORTING_TESTS = {"bench/sip_capacity.py"}
-
-
 def test_bench_takes_from_tests_only_the_kit():
     offenders = {}
     for path in python_files("bench"):
-        if str(path.relative_to(ROOT)) in BENCH_IMPORTING_TESTS:
-            continue
         outside_kit = {n for n in reaches(imported_names(path), "tests") if not reaches({n}, "tests.kit")
                        and n != "tests"}
         if outside_kit:

@@ -8,6 +8,7 @@
     browser       headless Chromium's flags for a fake microphone
     metrics       one /metrics scrape as {sample: value}
     replay        a recorded call replayed through the echo suppressor and the recognizer
+    sipp          SIPp callers for the SIP bridge
 
 Tests never import bench/ (tests/test_layout.py); bench/ imports only this kit from tests/.
 """
