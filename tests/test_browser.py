@@ -210,7 +210,8 @@ async def test_browser_reconnects_and_resumes_its_session(start_gateway, tmp_pat
         await page.goto(gateway.url)
         await page.wait_for_function("window.parley && window.parley.state === 'idle'")
         await page.click("#call")
-        await page.wait_for_function("window.parley.state === 'connected'")
+        # Connected media is not yet an open events channel: a migrate sent before it opens is lost.
+        await page.wait_for_function("window.parley.state === 'connected' && window.parley.ready !== null")
         first = await current_call()
         session_id = await page.evaluate("window.parley.sessionId")
         assert first.session_id == session_id

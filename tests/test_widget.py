@@ -271,6 +271,7 @@ async def test_the_widget_reconnects_after_a_server_side_drop(start_gateway, tmp
             await open_shop(page, shop_site.origin)
             await widget_button(page, "start").click()
             await wait_state(page, "listening")
+            await page.wait_for_function(f"document.querySelector('{WIDGET}').call.ready !== null")  # events flow
             first = next(iter(gateway.registry.by_session.values()))
             session_id = first.session_id
 
