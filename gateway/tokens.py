@@ -46,7 +46,9 @@ def verify(token: object, secret: str, now: Optional[float] = None) -> str:
         body = _unb64(encoded)
     except (ValueError, TypeError):
         raise TokenError("resume_token is malformed") from None
-    if not hmac.compare_digest(signature, _sign(secret, body)):
+    # Bytes, not str: compare_digest refuses non-ASCII str (a TypeError, i.e. a 500, for any
+    # client that sends one); encoded, a non-ASCII signature simply does not match.
+    if not hmac.compare_digest(signature.encode("utf-8", "surrogatepass"), _sign(secret, body).encode()):
         raise TokenError("resume_token signature is invalid")
     session_id, _, expiry = body.decode(errors="replace").rpartition(".")
     if not session_id or not expiry.isdigit():

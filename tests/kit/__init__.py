@@ -9,6 +9,7 @@
     metrics       one /metrics scrape as {sample: value}
     replay        a recorded call replayed through the echo suppressor and the recognizer
     sipp          SIPp callers for the SIP bridge
+    fuzz_targets  the gateway's input parsers as bytes-in fuzz targets, with valid seeds
 
 Tests never import bench/ (tests/test_layout.py); bench/ imports only this kit from tests/.
 """
