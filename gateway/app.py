@@ -12,35 +12,24 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import secrets
-import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jinja2
 from aiohttp import web
 
 from . import echo_test, tokens
 from .access import CallAccess
-from .call import Call, ModeFactory, echo_test_mode
+from .call import Call
 from .config import ENGINE_MODES, Config
 from .engine_host import EngineHost
 from .errors import ApiError, error_response
-from .events import EventChannel
 from .ice import bind_media_ports, parse_port_range
-from .keeper import LiveSession, SessionBusy, SessionKeeper
-from .logs import CallLogger
-from .nodes import NodeRegistry, NodeStatus
-from .sessions import SessionNotFound, StoreUnavailable, open_store
-from .conversation import Conversation
-from .recording import CallRecording
-from .responders import make_responder
-from .transcribe import Transcribe
-from .loop_monitor import LoopLagMonitor, percentiles
+from .loop_monitor import percentiles
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import Metrics, run_sampler
+from .metrics import run_sampler
 from .pacer import FRAME_MS
+from .registry import CallRegistry
 from .sdp import MAX_SDP_BYTES, SdpError
 from .warmup import WarmUp, WarmUpFn
 
@@ -49,13 +38,12 @@ log = logging.getLogger("parley.app")
 ROOT = Path(__file__).resolve().parent.parent
 MAX_BODY_BYTES = MAX_SDP_BYTES  # 64 KiB for JSON and SDP bodies alike
 CONFIG_KEY = web.AppKey("config", Config)
-CALLS_KEY = web.AppKey("calls", "CallRegistry")
+CALLS_KEY = web.AppKey("calls", CallRegistry)
 WARMUP_KEY = web.AppKey("warmup", WarmUp)
 ENGINE_KEY = web.AppKey("engine", EngineHost)
 SIP_KEY = web.AppKey("sip", "SipAgent")
 ACCESS_KEY = web.AppKey("access", CallAccess)
 CLIENT_CLOSED_STATUS = 499  # the metrics' status for a request the client abandoned (nginx's convention)
-DRAIN_POLL_S = 0.1  # how often a drain checks whether the last call has ended
 WARM_UPS: dict[str, WarmUpFn] = {"echo-test": echo_test.warm_up}  # per mode; an engine mode adds its own
 
 
@@ -99,189 +87,6 @@ async def count_requests(request: web.Request, handler) -> web.StreamResponse:
         raise
     finally:
         request.app[CALLS_KEY].metrics.http_requests.labels(route=route, status=str(status)).inc()
-
-
-class CallRegistry:
-    """Live calls, with a slot reserved before any await so max_sessions holds under bursts.
-
-    Each call drives one session; the keeper holds the session's state and lease, and a
-    resumed session replaces the call that drove it before (on this node or another).
-    """
-
-    def __init__(self, config: Config, engine: Optional[EngineHost] = None) -> None:
-        self.config = config
-        self.engine = engine
-        self.calls: dict[str, Call] = {}
-        self.by_session: dict[str, Call] = {}
-        self.keeper = SessionKeeper(open_store(config.redis_url or None), config.node_id, config.lease_ttl_s,
-                                    allow_new_without_store=config.new_calls_without_redis == "accept")
-        self.keeper.on_lease_lost = self._taken_over
-        self.nodes = NodeRegistry(config.redis_url or None, heartbeat_s=config.lease_ttl_s / 3)
-        self._reserved = 0
-        self.draining = False
-        self.drain_task: Optional[asyncio.Task] = None
-        self.loop_lag = LoopLagMonitor()
-        self.metrics = Metrics()
-        self.metrics.active_sessions.set_function(lambda: self.active)
-        self.metrics.draining.set_function(lambda: int(self.draining))
-        if engine is not None:
-            self.metrics.registry.register(engine)
-
-    @property
-    def active(self) -> int:
-        return len(self.calls) + self._reserved
-
-    @property
-    def full(self) -> bool:
-        return self.active >= self.config.max_sessions
-
-    def reserve(self) -> None:
-        if self.full:
-            raise ApiError(429, "too_many_sessions",
-                           f"this node is at its limit of {self.config.max_sessions} sessions",
-                           {"Retry-After": str(self.config.retry_after_s)})
-        if self.engine is not None:
-            admit, retry_after_s = self.engine.admission()
-            if not admit:
-                raise ApiError(503, "engine_busy", "the speech engine is at capacity; try again shortly",
-                               {"Retry-After": str(max(1, math.ceil(retry_after_s)))})
-        self._reserved += 1
-
-    async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int,
-                   make_call: Callable[..., Any] = Call) -> tuple[Call, str]:
-        """Answer an offer for a new session (session_id None) or a resumed one; the caller
-        must have reserved a slot, which this releases. `make_call` builds the call (a SIP
-        call's class, gateway/sip/call.py, takes Call's arguments and answers G.711 SDP)."""
-        try:
-            session = await self._session(session_id)
-            call = self._new_call(session, resumed=session_id is not None, last_seq=last_seq, make_call=make_call)
-            try:
-                answer = await call.answer(offer_sdp)
-            except BaseException:
-                await call.close("rejected")
-                raise
-        finally:
-            self._reserved -= 1
-        self.calls[call.call_id] = call
-        self.by_session[call.session_id] = call
-        return call, answer
-
-    async def _session(self, session_id: Optional[str]) -> LiveSession:
-        retry = {"Retry-After": str(self.config.retry_after_s)}
-        try:
-            if session_id is None:
-                return await self.keeper.open_new(secrets.token_hex(12))
-            previous = self.by_session.get(session_id)
-            if previous is not None:  # the caller reconnected before this node noticed the drop
-                await previous.close("replaced")
-            return await self.keeper.resume(session_id)
-        except SessionNotFound:
-            raise ApiError(404, "session_not_found", "the session has ended or expired; start a new call") from None
-        except SessionBusy as exc:
-            raise ApiError(409, "session_busy", str(exc), retry) from None
-        except StoreUnavailable:
-            raise ApiError(503, "store_unavailable", "session storage is unavailable; try again shortly",
-                           retry) from None
-
-    def _new_call(self, session: LiveSession, resumed: bool, last_seq: int,
-                  make_call: Callable[..., Any] = Call) -> Call:
-        session_id = session.record.session_id
-        # The client may have seen events the store had not yet written when a node died.
-        events = EventChannel(last_seq=max(session.record.last_event_seq, last_seq),
-                              on_emit=lambda event, text: self._on_event(session_id, event, text))
-        if resumed:
-            events.replay(self.keeper.replay_after(session_id, last_seq))
-        return make_call(secrets.token_hex(8), session_id, self.config, self._forget, self.loop_lag,
-                         events=events, resumed=resumed, mode=self._mode(session))
-
-    def _on_event(self, session_id: str, event: dict, text: str) -> None:
-        self.keeper.record_event(session_id, event, text)
-        self.metrics.observe_event(event)
-
-    def _mode(self, session: LiveSession) -> ModeFactory:
-        if self.config.mode not in ENGINE_MODES:
-            return echo_test_mode(self.config)
-        session_id = session.record.session_id
-        try:
-            stream = self.engine.open_stt(session_id)
-        except Exception as exc:  # CapacityError, or the engine closing under us
-            raise ApiError(503, "engine_busy", f"the speech engine cannot take this call: {exc}",
-                           {"Retry-After": str(self.config.retry_after_s)}) from None
-        if self.config.mode == "transcribe":
-            return lambda pacer, events, hang_up: Transcribe(stream, events)
-        return lambda pacer, events, hang_up: self._conversation(session, stream, pacer, events, hang_up)
-
-    def _conversation(self, session: LiveSession, stt: Any, pacer: Any, events: EventChannel,
-                      hang_up: Any) -> Conversation:
-        """The conversation keeps its history in the session record, so a resume finds it."""
-        record = session.record
-
-        def saved() -> None:  # called only after construction, so `conversation` is bound
-            record.in_progress = conversation.in_progress
-            self.keeper.save(record.session_id)
-
-        conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),
-                                    make_responder(self.config, session_id=record.session_id), pacer, events,
-                                    history=record.history, pending=record.in_progress, hang_up=hang_up,
-                                    resume_unfinished=self.config.resume_unfinished, on_change=saved,
-                                    idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
-                                    max_turn_s=self.config.max_turn_s, recording=self._recording(record.session_id),
-                                    reopen_stt=lambda: self.engine.open_stt(record.session_id),
-                                    log_content=self.config.privacy_log_content,
-                                    logger=CallLogger(logging.getLogger("parley.conversation"),
-                                                      {"session_id": record.session_id}))
-        return conversation
-
-    def _recording(self, session_id: str) -> Optional[CallRecording]:
-        if not self.config.record_dir:
-            return None
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        return CallRecording(Path(self.config.record_dir) / f"{stamp}-{session_id}-{secrets.token_hex(2)}.wav")
-
-    async def _forget(self, call: Call) -> None:
-        self.calls.pop(call.call_id, None)
-        if self.by_session.get(call.session_id) is call:
-            del self.by_session[call.session_id]
-            if call.close_reason != "taken_over":
-                await self.keeper.end(call.session_id)
-        self.metrics.call_ended(call)
-
-    async def _taken_over(self, session_id: str) -> None:
-        call = self.by_session.get(session_id)
-        if call is not None:
-            await call.close("taken_over")
-
-    def status(self, ready: bool) -> NodeStatus:
-        return NodeStatus(self.config.node_id, self.config.public_url, ready and not self.draining and not self.full,
-                          self.draining, self.active, self.config.max_sessions, time.time())
-
-    def start_drain(self, timeout_s: float) -> asyncio.Task:
-        """Begin draining in the background (once); the task ends when the drain is done."""
-        self.draining = True
-        if self.drain_task is None:
-            self.drain_task = asyncio.get_running_loop().create_task(self.drain(timeout_s))
-        return self.drain_task
-
-    async def drain(self, timeout_s: float) -> None:
-        """Refuse new calls, let live ones run up to `timeout_s`, then migrate the rest away."""
-        self.draining = True
-        await self.nodes.publish(self.status(ready=False))  # peers stop sending callers here at once
-        log.info("draining", extra={"active_sessions": self.active, "drain_timeout_s": timeout_s})
-        deadline = time.monotonic() + timeout_s
-        while self.active and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
-        remaining = list(self.calls.values())
-        if remaining:
-            log.info("drain timeout: migrating remaining calls", extra={"calls": len(remaining)})
-        await asyncio.gather(*(self.migrate(call) for call in remaining))
-
-    async def migrate(self, call: Call) -> None:
-        """Send the client to another node (session.migrate with a fresh resume token)."""
-        token = tokens.issue(call.session_id, self.config.secret, self.config.resume_token_ttl_s)
-        await call.migrate_away("draining", token, self.config.retry_after_s)
-
-    async def close_all(self, reason: str) -> None:
-        await asyncio.gather(*(call.close(reason) for call in list(self.calls.values())))
 
 
 # -- request helpers ------------------------------------------------------------------------
@@ -480,7 +285,7 @@ def create_app(config: Config, warm_up: Optional[WarmUpFn] = None, speech_engine
         registry.keeper.start()
         app[WARMUP_KEY].start()
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(run_sampler(registry.metrics, registry)),
+        tasks = [loop.create_task(run_sampler(registry.metrics, registry.calls, registry.loop_lag)),
                  loop.create_task(heartbeat(registry, app[WARMUP_KEY]))]
         yield
         for task in tasks:

@@ -20,7 +20,8 @@ from aiohttp import web
 
 from . import config as config_module
 from . import logs
-from .app import CALLS_KEY, CallRegistry, create_app
+from .app import CALLS_KEY, create_app
+from .registry import CallRegistry
 from .ice import use_host_addresses
 
 log = logging.getLogger("parley")

@@ -91,7 +91,7 @@ from .pacer import SAMPLE_RATE as PACER_RATE
 from .pacer import PacedAudioTrack
 from .recording import CallRecording
 from .responders import Responder, ResponderError
-from .sessions import PendingTurn, Turn
+from .dialog import PendingTurn, Turn
 
 log = logging.getLogger("parley.conversation")
 

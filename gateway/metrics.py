@@ -8,14 +8,14 @@ SAMPLE_INTERVAL_S by one task, never per frame on the media path.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from .app import CallRegistry
     from .call import Call
+    from .loop_monitor import LoopLagMonitor
 
 SAMPLE_INTERVAL_S = 1.0  # how often live calls and the loop monitor are sampled
 SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken per call per tick
@@ -29,7 +29,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    """The gateway's metrics; `calls` and `loop_lag` come from the app's CallRegistry."""
+    """The gateway's metrics; live calls and the loop lag come from the node's CallRegistry
+    (gateway/registry.py), which owns this object: nothing here imports it back."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -115,11 +116,12 @@ class Metrics:
             self.loop_lag.observe(lag_ms / 1000.0)
 
 
-async def run_sampler(metrics: Metrics, registry: "CallRegistry") -> None:
-    """Sample live calls and the event-loop lag every SAMPLE_INTERVAL_S until cancelled."""
-    seen_probes = registry.loop_lag.probes
+async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "LoopLagMonitor") -> None:
+    """Sample the live calls (call id -> call, read afresh each time) and the event-loop lag
+    every SAMPLE_INTERVAL_S until cancelled."""
+    seen_probes = loop_lag.probes
     while True:
         await asyncio.sleep(SAMPLE_INTERVAL_S)
-        probes = registry.loop_lag.probes
-        metrics.sample(list(registry.calls.values()), registry.loop_lag.latest(probes - seen_probes))
+        probes = loop_lag.probes
+        metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes))
         seen_probes = probes

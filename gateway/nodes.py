@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from .sessions import KEY_PREFIX, REDIS_SOCKET_TIMEOUT_S
+from .sessions.redis import KEY_PREFIX, REDIS_SOCKET_TIMEOUT_S
 
 log = logging.getLogger("parley.nodes")
 

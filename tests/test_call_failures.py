@@ -9,7 +9,7 @@ import logging
 
 import numpy as np
 
-import gateway.app as app_module
+import gateway.registry as registry_module
 from gateway.events import EventChannel
 from tests.kit.peer import RATE, Caller
 from tests.test_metrics import DEADLINE_S, wait_for_metrics
@@ -48,7 +48,7 @@ async def test_a_mode_that_fails_ends_the_call_and_tells_caller_and_operator(sta
             return modes[-1]
         return make
 
-    monkeypatch.setattr(app_module, "echo_test_mode", crashing_mode)
+    monkeypatch.setattr(registry_module, "echo_test_mode", crashing_mode)
     caplog.set_level(logging.ERROR, logger="parley.call")
     gateway = await start_gateway()
     caller = Caller(gateway.url, np.zeros(RATE, np.float32))

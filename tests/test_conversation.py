@@ -26,7 +26,7 @@ from gateway.events import EventChannel
 from gateway.pacer import PacedAudioTrack
 from gateway.responders import EchoResponder, Handoff, Responder
 from gateway.responders.openai import OpenAIResponder
-from gateway.sessions import Turn
+from gateway.dialog import Turn
 from tests.kit.ports import free_port
 
 TTS_RATE = 16000
@@ -471,7 +471,7 @@ async def test_a_reconnected_caller_hears_the_rest_of_the_cut_off_reply(harness)
 
 
 async def test_resume_mode_drop_records_the_reply_as_cut_short(harness):
-    from gateway.sessions import PendingTurn
+    from gateway.dialog import PendingTurn
 
     pending = PendingTurn("Your order ships on Monday morning.", 900, "Your order ships")
     h = harness(EchoResponder(), history=[Turn("user", "where is my order")], pending=pending,
@@ -661,7 +661,7 @@ async def test_no_free_voice_for_a_reply_ends_it_instead_of_wedging_the_call(har
 
 
 async def test_a_resumed_reply_with_no_free_voice_is_recorded_as_cut_short(harness):
-    from gateway.sessions import PendingTurn
+    from gateway.dialog import PendingTurn
 
     def open_tts() -> ToneTts:
         raise CapacityError("all 1 TTS slots are in use")

@@ -5,7 +5,10 @@
 - serving code (engine/ but engine/train/ and engine/bench.py, and gateway/) never reaches
   engine.train, however it is written: `from engine.train import x`, `import engine.train`,
   `from . import train`, `import engine` and then `engine.train`, or importlib;
-- tests never import bench/, and bench/ takes from tests/ only tests/kit/.
+- tests never import bench/, and bench/ takes from tests/ only tests/kit/;
+- the gateway's domain core (gateway/dialog.py) is plain data: no storage, network or audio;
+  responders take it from there, never from the session stores;
+- the HTTP edge (gateway/app.py) sits on top: the registry, metrics and the rest never import it.
 
 Static: the source is parsed, never imported, so a module's imports inside functions count too.
 """
@@ -160,3 +163,31 @@ def test_bench_takes_from_tests_only_the_kit():
         if outside_kit:
             offenders[str(path.relative_to(ROOT))] = sorted(outside_kit)
     assert offenders == {}
+
+
+def test_the_dialog_core_is_plain_data():
+    """Turn, PendingTurn and the history import only the standard library's data tools."""
+    allowed = {"__future__", "dataclasses", "typing"}
+    names = imported_names(ROOT / "gateway" / "dialog.py", attributes=False)
+    assert {n.split(".")[0] for n in names} - allowed == set()
+
+
+def test_responders_and_records_never_reach_redis():
+    """A responder reads the dialog (gateway.dialog), not the stores; a record is encoded
+    without knowing where it is kept."""
+    files = python_files("gateway/responders") + [ROOT / "gateway" / "sessions" / "record.py"]
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "redis")
+                                                  | reaches(imported_names(p), "gateway.sessions")
+                                                  - {"gateway.sessions.record"})
+                 for p in files}
+    assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def test_nothing_below_the_http_edge_imports_it():
+    """gateway/app.py is HTTP only; what it serves (the call registry, metrics, SIP) never imports
+    it back, so there is no cycle. cli.py runs the app; access.py's token endpoint borrows the
+    app's body limits (a lazy import, inside the handler)."""
+    above = {"gateway/app.py", "gateway/cli.py", "gateway/access.py"}
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p, attributes=False), "gateway.app"))
+                 for p in python_files("gateway") if str(p.relative_to(ROOT)) not in above}
+    assert {p: n for p, n in offenders.items() if n} == {}

@@ -21,7 +21,7 @@ from gateway.responders import (EchoResponder, EndCall, FlowError, Handoff, Open
                                 ScriptedResponder, WebhookResponder, collect, load_flow, make_responder)
 from gateway.responders.openai import SseEvents, chunk_delta
 from gateway.responders.spoken import parse_date, parse_digits, parse_yes_no, read_date, read_digits
-from gateway.sessions import Turn
+from gateway.dialog import Turn
 
 pytestmark = pytest.mark.timeout(60)
 TODAY = dt.date(2026, 11, 30)  # a Monday

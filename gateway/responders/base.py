@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import AsyncIterator, ClassVar, Sequence, Union
 
-from ..sessions import Turn
+from ..dialog import Turn
 
 
 @dataclass(frozen=True)

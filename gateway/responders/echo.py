@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Sequence
 
-from ..sessions import Turn
+from ..dialog import Turn
 from .base import Delta, Responder, last_user_text
 
 

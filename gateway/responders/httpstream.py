@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
-from ..sessions import Turn
+from ..dialog import Turn
 from .base import Delta, Responder, ResponderError
 
 ERROR_BODY_CHARS = 200  # of an error response, quoted in the ResponderError

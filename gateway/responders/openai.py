@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 import aiohttp
 
-from ..sessions import Turn
+from ..dialog import Turn
 from .base import Delta, ResponderError, chat_messages
 from .httpstream import Deadline, HttpResponder, lines, public_url, within
 

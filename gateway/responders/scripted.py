@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-from ..sessions import Turn
+from ..dialog import Turn
 from .base import Delta, EndCall, Handoff, Responder
 from .flow import PLACEHOLDER, SWITCH_SCORE, Flow, Intent, Outcome, Slot
 from .spoken import parse_date, parse_digits, parse_yes_no, read_date, read_digits

@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 import aiohttp
 
-from ..sessions import Turn
+from ..dialog import Turn
 from .base import Delta, EndCall, Handoff, ResponderError, spoken_text
 from .httpstream import Deadline, HttpResponder, chunks, lines, public_url, within
 

@@ -23,7 +23,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..app import ApiError  # (defined in gateway.app or imported there: the API refusal the registry raises)
+from ..errors import ApiError  # the API refusal the registry raises
 from ..ice import parse_port_range
 from ..sdp import SdpError as WebRtcSdpError
 from .call import SipCall
@@ -38,7 +38,7 @@ from .transaction import Address, ServerTransaction, Timers, TransactionLayer
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..app import CallRegistry
+    from ..registry import CallRegistry
     from ..config import Config
     from ..warmup import WarmUp
 
