@@ -1,27 +1,29 @@
-"""Reconnect benchmark: a caller drops and resumes its session, many times, on one node or
-across two nodes sharing Redis.
+"""Reconnect benchmark: a caller in a conversation-mode call drops and resumes its session,
+many times, on one node or across two nodes sharing Redis, and every turn is counted.
 
 How it runs
 -----------
-Starts a throwaway redis-server and two gateways (`python -m gateway serve --redis-url …`,
-echo-test mode) on free loopback ports. One light aiortc caller (tests.kit.peer.Caller) calls
-node A. Then, `--cycles` times:
+Starts a throwaway redis-server and two gateways (`python -m gateway serve --mode
+conversation --responder echo --redis-url …`) on free loopback ports. One aiortc caller
+(tests.kit.peer.Caller) calls node A. Then, `--cycles` times:
 
-1. The caller sends a marker (a client message the gateway answers with a logged `error`
-   event), waits for that event, and then pretends it never arrived: the resume reports the
-   `last_seq` from before it, so the gateway must replay it.
-2. The connection drops: the caller closes its peer connection (same-node cycles, the
-   gateway notices), or simply goes silent and resumes on the other node, which takes the
-   session over from the live node (cross-node cycles; every other cycle).
+1. The caller says an utterance (recorded speech, tests/data/speech) and waits for the turn
+   to end and the agent's reply ("You said: …") to start playing.
+2. The connection drops, half the time mid-reply (as soon as the reply's audio starts) and
+   half the time after the reply has played. Same-node cycles close the peer connection
+   (the gateway notices); cross-node cycles (every other one) simply go silent and resume on
+   the other node, which takes the live session over.
 3. A new peer connection sends POST /v1/calls {resume_token, last_seq}; the clock runs from
-   creating the new offer to the first RTP packet of resumed audio from the gateway.
+   creating the new offer to the first decoded frame of audio from the gateway. A reply cut
+   off by the drop must finish on the resumed connection (response.audio.end for its turn).
 
-Turns stand in as markers until the conversation loop lands: a marker is *lost* if it is
-not replayed after the resume, *duplicated* if the caller receives any event seq twice.
+Then the session's history is read from Redis. A turn is *lost* if the caller's words or the
+agent's reply to them are missing from the history, or the cycle failed; *duplicated* if the
+history holds a turn or a reply twice, or the caller received an event seq twice.
 
-Output: one JSON object on stdout (success_rate, resume_ms_p50, resume_ms_p95, lost_turns,
-duplicated_turns, cycles, plus the same-node and cross-node split); progress on stderr.
-Usage: python bench/reconnect.py --cycles 100
+Output: one JSON object on stdout (success_rate, resume_ms_p50/p95, lost_turns,
+duplicated_turns, the same-node/cross-node and mid-reply splits); progress on stderr.
+Usage: python bench/reconnect.py --cycles 20
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,13 +42,17 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.ice import use_host_addresses  # noqa: E402
+from gateway.sessions import session_key  # noqa: E402
+from tests.kit.peer import Caller  # noqa: E402
 from tests.kit.ports import free_port  # noqa: E402
-from tests.kit.peer import QUIET, Caller  # noqa: E402
 from tests.kit.processes import kill, start_server, wait_ready  # noqa: E402
 from tests.kit.redis_server import RedisServer  # noqa: E402
+from tests.kit.talk import UTTERANCES, last_seq, next_event, say, silence, utterance  # noqa: E402
 
 SECRET = "bench-reconnect-secret"
-STEP_TIMEOUT_S = 30.0
+STEP_TIMEOUT_S = 60.0  # a turn on a busy 2-core machine: recognizer, responder, voice
+SETTLE_S = 15.0  # for the keeper's writes behind to reach Redis at the end
+POLL_S = 0.05
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:
@@ -56,140 +62,179 @@ def percentile(values: list[float], q: float) -> Optional[float]:
     return round(ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))], 1)
 
 
-async def start_node(redis_url: str, node_id: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_node(redis_url: str, node_id: str, stt_model: str) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
     env = {"PARLEY_REDIS_URL": redis_url, "PARLEY_SECRET": SECRET, "PARLEY_NODE_ID": node_id,
            "PARLEY_PUBLIC_URL": f"http://127.0.0.1:{port}", "PARLEY_LOG_LEVEL": "error"}
-    return await start_server("--port", str(port), env=env)
+    return await start_server("--port", str(port), "--mode", "conversation", "--responder", "echo",
+                              "--stt-model", stt_model, "--engine-threads", "1", env=env)
 
 
 class Session:
-    """What the caller knows: its token, and every event seq it has received."""
+    """What the caller knows: its token, and every event it has received (each connection's
+    events are absorbed once, so a seq seen twice arrived twice)."""
 
     def __init__(self) -> None:
         self.token: Optional[str] = None
-        self.seen: list[int] = []
-        self.markers: list[int] = []  # seqs of marker events, as first received
+        self.id: Optional[str] = None
+        self.seen: list[dict] = []
 
-    def absorb(self, caller: Caller, up_to: Optional[int] = None) -> None:
-        """Count `caller`'s events as seen; with `up_to`, only those the client claims to have."""
-        self.seen += [e["seq"] for e in caller.events if up_to is None or e["seq"] <= up_to]
+    def absorb(self, caller: Caller, after: int = 0) -> None:
+        self.seen += [e for e in caller.events if e["seq"] > after]
 
 
-async def wait_marker(caller: Caller, count_before: int) -> dict:
+async def first_audio(caller: Caller) -> float:
     deadline = time.monotonic() + STEP_TIMEOUT_S
-    while True:
-        errors = [e for e in caller.events if e["type"] == "error"]
-        if len(errors) > count_before:
-            return errors[-1]
+    while caller.first_audio_at is None:
         if time.monotonic() > deadline:
-            raise TimeoutError("marker event never arrived")
-        caller.event_arrived.clear()
-        try:
-            await asyncio.wait_for(caller.event_arrived.wait(), 1.0)
-        except asyncio.TimeoutError:
-            pass
+            raise TimeoutError("no audio from the gateway after the resume")
+        await asyncio.sleep(POLL_S)
+    return caller.first_audio_at
 
 
-async def cycle(http: aiohttp.ClientSession, caller: Caller, session: Session, url: str,
-                same_node: bool) -> tuple[Caller, dict[str, Any]]:
-    """One drop-and-resume; returns the new caller and this cycle's figures."""
-    errors_before = len([e for e in caller.events if e["type"] == "error"])
-    before_marker = max(e["seq"] for e in caller.events)
-    caller.channel.send("marker: not JSON")
-    marker = await wait_marker(caller, errors_before)
-    session.markers.append(marker["seq"])
-    session.absorb(caller, up_to=before_marker)  # the rest is "lost" with the connection
+async def cycle(http: aiohttp.ClientSession, caller: Caller, session: Session, url: str, same_node: bool,
+                mid_reply: bool, speech: Any) -> tuple[Caller, dict[str, Any]]:
+    """One turn, then a drop and a resume; returns the new caller and this cycle's figures."""
+    before = last_seq(caller)
+    say(caller, speech)
+    end = await next_event(caller, "turn.end", before, STEP_TIMEOUT_S)
+    start = await next_event(caller, "response.audio.start", end["seq"], STEP_TIMEOUT_S)
+    if not mid_reply:
+        await next_event(caller, "response.audio.end", start["seq"], STEP_TIMEOUT_S, turn=start["turn"])
+    claimed = last_seq(caller)  # what the client tells the gateway it has seen
     if same_node:
         await caller.close()
     else:
         caller.track.stop()  # gone quiet; the old node is still alive and must hand over
+    session.absorb(caller, after=max((e["seq"] for e in session.seen), default=0))
     started = time.monotonic()
-    resumed = Caller(url, light=True, packets=QUIET)
-    await resumed.call(http, resume_token=session.token, last_seq=before_marker)
-    await asyncio.wait_for(resumed.counter.first_packet.wait(), STEP_TIMEOUT_S)
-    resume_ms = (resumed.counter.first_packet_at - started) * 1000
-    await asyncio.wait_for(resumed.wait_for_event("session.ready"), STEP_TIMEOUT_S)
+    resumed = Caller(url, silence(0.0))
+    await resumed.call(http, resume_token=session.token, last_seq=claimed)
+    resume_ms = (await first_audio(resumed) - started) * 1000
+    await resumed.wait_for_event("session.ready", STEP_TIMEOUT_S)
     session.token = resumed.response["resume_token"]
-    replayed = [e for e in resumed.events if e["seq"] <= before_marker or e["seq"] == marker["seq"]]
+    if mid_reply:  # the cut-off reply finishes here (its end may also be a replayed event)
+        await next_event(resumed, "response.audio.end", 0, STEP_TIMEOUT_S, turn=start["turn"])
     if not same_node:
         await caller.close()
-    return resumed, {"resume_ms": resume_ms, "marker_replayed": any(e["seq"] == marker["seq"] for e in replayed),
-                     "replayed_below_last_seq": sum(e["seq"] <= before_marker for e in resumed.events)}
+    return resumed, {"resume_ms": resume_ms, "kind": "same_node" if same_node else "cross_node",
+                     "mid_reply": mid_reply, "turn": start["turn"],
+                     "resumed_reply": any(e["type"] == "response.resumed" for e in resumed.events)}
+
+
+def read_history(redis: RedisServer, session_id: str) -> tuple[list[dict], dict]:
+    raw = redis.client.get(session_key(session_id))
+    record = json.loads(raw) if raw else {}
+    return record.get("history", []), record.get("in_progress") or {}
+
+
+async def settled_history(redis: RedisServer, session_id: str, user_turns: int) -> list[dict]:
+    """The history once the last reply and the keeper's writes behind have landed."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        history, in_progress = read_history(redis, session_id)
+        users = [t for t in history if t["role"] == "user"]
+        if (len(users) >= user_turns and not in_progress) or time.monotonic() > deadline:
+            return history
+        await asyncio.sleep(POLL_S)
+
+
+def count_turns(history: list[dict], attempted: int) -> dict[str, int]:
+    """Lost and duplicated turns in the session history (the echo responder's reply to
+    "words" is "You said: words", so each reply names its turn)."""
+    users = [t for t in history if t["role"] == "user"]
+    replies = [t for t in history if t["role"] == "assistant" and t["text"].startswith("You said")]
+    answered = sum(any(r["text"] == f"You said: {u['text']}" or u["text"] in r["text"] for r in replies)
+                   for u in users)
+    twice = sum(1 for a, b in zip(history, history[1:]) if a == b)
+    return {"user_turns": len(users), "replies": len(replies), "lost": max(0, attempted - answered),
+            "duplicated": max(0, len(users) - attempted) + max(0, len(replies) - attempted) + twice,
+            "replies_heard_in_full": sum(r.get("heard_text") == r["text"] for r in replies)}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     use_host_addresses(["127.0.0.1"])
+    speech = [utterance(name) for name in UTTERANCES]
     redis = RedisServer()
-    (proc_a, url_a), (proc_b, url_b) = await asyncio.gather(start_node(redis.url, "node-a"),
-                                                            start_node(redis.url, "node-b"))
+    (proc_a, url_a), (proc_b, url_b) = await asyncio.gather(start_node(redis.url, "node-a", args.stt_model),
+                                                            start_node(redis.url, "node-b", args.stt_model))
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    duplicated = 0
+    session = Session()
     try:
         async with aiohttp.ClientSession() as http:
             await asyncio.gather(wait_ready(http, url_a), wait_ready(http, url_b))
-            session = Session()
-            caller = Caller(url_a, light=True, packets=QUIET)
+            caller = Caller(url_a, silence(0.0))
             await caller.call(http)
             await caller.wait_for_event("session.ready", STEP_TIMEOUT_S)
-            session.token = caller.response["resume_token"]
+            session.token, session.id = caller.response["resume_token"], caller.response["session_id"]
             here = url_a
             for i in range(args.cycles):
                 same_node = i % 2 == 0
+                mid_reply = (i // 2) % 2 == 0
                 target = here if same_node else (url_b if here == url_a else url_a)
                 try:
-                    caller, row = await cycle(http, caller, session, target, same_node)
+                    caller, row = await cycle(http, caller, session, target, same_node, mid_reply,
+                                              speech[i % len(speech)])
                     here = target
-                    row["kind"] = "same_node" if same_node else "cross_node"
                     rows.append(row)
                 except Exception as exc:  # a failed cycle is a figure, not a crash
                     failures.append(f"cycle {i}: {type(exc).__name__}: {exc}")
                     print(failures[-1], file=sys.stderr)
                     break
-                if (i + 1) % 10 == 0:
-                    print(f"{i + 1} cycles", file=sys.stderr)
-            session.absorb(caller)
-            await caller.close()
+                print(f"cycle {i + 1}: {row['kind']}, {'mid-reply' if mid_reply else 'after reply'}, "
+                      f"resumed in {row['resume_ms']:.0f} ms", file=sys.stderr)
+            session.absorb(caller, after=max((e["seq"] for e in session.seen), default=0))
+            history = await settled_history(redis, session.id, len(rows))
+            await caller.hang_up(http)
     finally:
         await kill(proc_a)
         await kill(proc_b)
         redis.stop()
-    # Each caller's events are absorbed once, so a seq seen twice arrived twice.
-    duplicated = len(session.seen) - len(set(session.seen))
-    lost = sum(not row["marker_replayed"] for row in rows) + (args.cycles - len(rows))
+    seqs = [e["seq"] for e in session.seen]
+    turns = count_turns(history, len(rows))
     resume = [row["resume_ms"] for row in rows]
-    split = {kind: [row["resume_ms"] for row in rows if row["kind"] == kind] for kind in ("same_node", "cross_node")}
+
+    def split(key: str, value: Any) -> list[float]:
+        return [row["resume_ms"] for row in rows if row[key] == value]
+
     return {
         "cycles": args.cycles,
         "success_rate": round(len(rows) / args.cycles, 4),
         "resume_ms_p50": percentile(resume, 50),
         "resume_ms_p95": percentile(resume, 95),
-        "same_node_resume_ms_p50": percentile(split["same_node"], 50),
-        "same_node_resume_ms_p95": percentile(split["same_node"], 95),
-        "cross_node_resume_ms_p50": percentile(split["cross_node"], 50),
-        "cross_node_resume_ms_p95": percentile(split["cross_node"], 95),
-        "lost_turns": lost,
-        "duplicated_turns": duplicated,
-        "replayed_events_already_seen": sum(row["replayed_below_last_seq"] for row in rows),
+        "same_node_resume_ms_p50": percentile(split("kind", "same_node"), 50),
+        "cross_node_resume_ms_p50": percentile(split("kind", "cross_node"), 50),
+        "mid_reply_resume_ms_p50": percentile(split("mid_reply", True), 50),
+        "lost_turns": turns["lost"] + (args.cycles - len(rows)),
+        "duplicated_turns": turns["duplicated"] + len(seqs) - len(set(seqs)),
+        "history": turns,
+        "cut_off_replies_resumed": sum(row["resumed_reply"] for row in rows if row["mid_reply"]),
+        "mid_reply_drops": sum(row["mid_reply"] for row in rows),
         "failures": failures,
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "settings": {"stt_model": args.stt_model, "responder": "echo"},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "definitions": {
-            "resume_ms": "new RTCPeerConnection's offer created -> first RTP packet from the gateway",
-            "lost_turns": "marker events (stand-ins for turns) not replayed after the resume, plus cycles not completed",
-            "duplicated_turns": "event seqs the caller received more than once over the whole run",
+            "resume_ms": "new RTCPeerConnection's offer created -> first decoded audio frame from the gateway",
+            "lost_turns": "cycles whose caller words or reply are missing from the Redis session history, "
+                          "plus cycles not completed",
+            "duplicated_turns": "turns or replies recorded more than once in the history, plus event seqs "
+                                "the caller received more than once",
             "cross_node": "resume on the other node while the old node still drives the session (takeover)",
+            "mid_reply": "dropped as soon as the reply's audio started; the reply must finish after the resume",
         },
     }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--stt-model", default="ssm", help="the nodes' recognizer (ssm: lightest on a CPU)")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
     print(json.dumps(result, indent=2))
-    return 0 if result["success_rate"] == 1.0 else 1
+    ok = result["success_rate"] == 1.0 and result["lost_turns"] == 0 and result["duplicated_turns"] == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

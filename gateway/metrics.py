@@ -52,6 +52,8 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
+        self.loop_tasks = Gauge("parley_event_loop_tasks", "asyncio tasks alive on the event loop (with no "
+                                "calls up it should come back to its idle level; growth is a leak)", registry=r)
         self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
                                     "end_of_turn, responder_first_token, tts_first_audio, first_frame, total, "
                                     "browser_playout (first frame sent -> the page's playout report)",
@@ -124,4 +126,5 @@ async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "
         await asyncio.sleep(SAMPLE_INTERVAL_S)
         probes = loop_lag.probes
         metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes))
+        metrics.loop_tasks.set(len(asyncio.all_tasks()))
         seen_probes = probes

@@ -98,11 +98,16 @@ class PacketCounter:
         self.loud_packets = 0
         self.first_packet_at: Optional[float] = None  # time.monotonic()
         self.first_packet = asyncio.Event()
+        self.arrivals: list[tuple[int, float]] = []  # (RTP seq, monotonic arrival) when record_arrivals
+
+    record_arrivals = False  # set on an instance to keep every packet's seq and arrival time
 
     def add(self, packet: Any) -> tuple[bool, None]:
         if self.first_packet_at is None:
             self.first_packet_at = time.monotonic()
             self.first_packet.set()
+        if self.record_arrivals:
+            self.arrivals.append((packet.sequence_number, time.monotonic()))
         self.packets += 1
         self.loud_packets += len(packet.payload) > self.LOUD_PAYLOAD_BYTES
         return False, None

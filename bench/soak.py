@@ -1,0 +1,204 @@
+"""Soak benchmark: conversation-mode calls around the clock on one gateway process, each
+caller talking, hearing the reply, hanging up and redialling, while the process's RSS, open
+file descriptors, event-loop stalls and asyncio tasks are watched.
+
+How it runs
+-----------
+Starts `python -m gateway serve --mode conversation --responder echo` on a free loopback
+port. `--calls` light aiortc callers (tests.kit.peer.Caller, light=True: pre-encoded Opus,
+received packets counted, not decoded) each loop until `--minutes` have passed: call, say
+an utterance (recorded speech, tests/data/speech), wait for the turn to end and the reply
+("You said: …") to finish playing, hang up (DELETE), redial. A 503 (engine admission
+control) is counted and retried after Retry-After.
+
+Every `--sample-s` seconds the process is read: RSS and open fds from /proc/<pid>, the
+live asyncio tasks (parley_event_loop_tasks) from /metrics, and the longest event-loop
+stall since the last sample from GET /debug/timing.
+
+    rss_growth_pct, fd_growth_pct  median of the first three samples after the first
+                                   minute against the median of the last three
+    task_leak                      tasks with no call up after the run, minus before it
+    loop_stall_ms_max              the longest 10 ms timer lateness over the run;
+                                   loop_stalls_over_50ms counts them (/metrics histogram)
+
+Output: one JSON object on stdout (`--json`; a summary line per sample on stderr).
+Usage: python bench/soak.py --minutes 30 --calls 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gateway.ice import use_host_addresses  # noqa: E402
+from tests.kit.metrics import scrape  # noqa: E402
+from tests.kit.peer import Caller, encode_opus  # noqa: E402
+from tests.kit.processes import kill, start_server, wait_ready  # noqa: E402
+from tests.kit.talk import UTTERANCES, silence, utterance  # noqa: E402
+
+STEP_TIMEOUT_S = 90.0  # one turn with every caller talking at once, on a busy machine
+IDLE_SETTLE_S = 30.0  # after the last hang-up, for the call tasks to finish
+WARM_UP_S = 60.0  # samples before this are not the baseline (caches, first calls)
+STALL_MS = 50.0
+SPEECH_EVERY_S = 12.0  # a light caller loops its audio: one utterance per this period
+
+
+def proc_figures(pid: int) -> dict[str, float]:
+    with open(f"/proc/{pid}/status") as status:
+        rss_kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return {"rss_mib": round(rss_kib / 1024, 1), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.calls = self.turns = self.refused = 0
+        self.failures: list[str] = []
+
+
+async def one_call(http: aiohttp.ClientSession, url: str, packets: list[bytes], tally: Tally) -> None:
+    caller = Caller(url, light=True, packets=packets)
+    try:
+        try:
+            await caller.call(http)
+        except RuntimeError as exc:
+            if " 503 " in str(exc) or " 429 " in str(exc):
+                tally.refused += 1
+                await asyncio.sleep(2.0)
+                return
+            raise
+        tally.calls += 1
+        end = await caller.wait_for_event("turn.end", STEP_TIMEOUT_S)
+        start = await caller.wait_for_event("response.audio.start", STEP_TIMEOUT_S,
+                                            where=lambda e: e["seq"] > end["seq"])
+        await caller.wait_for_event("response.audio.end", STEP_TIMEOUT_S,
+                                    where=lambda e: e.get("turn") == start["turn"])
+        tally.turns += 1
+    except Exception as exc:  # a failed call is a figure, not a crash
+        tally.failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+    finally:
+        await caller.hang_up(http)
+
+
+async def caller_loop(http: aiohttp.ClientSession, url: str, packets: list[bytes], deadline: float,
+                      tally: Tally) -> None:
+    while time.monotonic() < deadline:
+        await one_call(http, url, packets, tally)
+
+
+async def sample(http: aiohttp.ClientSession, url: str, pid: int, window_s: float) -> dict[str, Any]:
+    metrics = await scrape(http, url)
+    async with http.get(url + "/debug/timing", params={"seconds": str(window_s)}) as response:
+        timing = await response.json()
+    return {**proc_figures(pid), "tasks": metrics.get("parley_event_loop_tasks", 0.0),
+            "live_calls": metrics.get("parley_active_sessions", 0.0),
+            "loop_stall_ms_max": timing["loop_lag_ms"].get("max", 0.0)}
+
+
+async def idle_tasks(http: aiohttp.ClientSession, url: str) -> float:
+    """The task count once no call is up (after the sampler has refreshed it)."""
+    deadline = time.monotonic() + IDLE_SETTLE_S
+    while True:
+        metrics = await scrape(http, url)
+        if metrics.get("parley_active_sessions", 0.0) == 0 or time.monotonic() > deadline:
+            await asyncio.sleep(3.0)  # the sampler sets the gauge once a second
+            return (await scrape(http, url)).get("parley_event_loop_tasks", 0.0)
+        await asyncio.sleep(0.5)
+
+
+def growth_pct(samples: list[dict[str, Any]], key: str) -> Optional[float]:
+    warm = [s for s in samples if s["t_s"] >= min(WARM_UP_S, samples[-1]["t_s"] / 3)]
+    if len(warm) < 2:
+        return None
+    first = statistics.median(s[key] for s in warm[:3])
+    last = statistics.median(s[key] for s in warm[-3:])
+    return round(100 * (last - first) / first, 2)
+
+
+def stalls_over(metrics: dict[str, float], threshold_ms: float) -> float:
+    total = metrics.get("parley_event_loop_lag_seconds_count", 0.0)
+    under = metrics.get(f"parley_event_loop_lag_seconds_bucket{{le={threshold_ms / 1000}}}", total)
+    return total - under
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    use_host_addresses(["127.0.0.1"])
+    clips = [utterance(name) for name in UTTERANCES]
+    proc, url = await start_server("--mode", "conversation", "--responder", "echo", "--stt-model", args.stt_model,
+                                   "--engine-threads", "1", "--idle-prompt-s", "60",
+                                   env={"PARLEY_LOG_LEVEL": "error"})
+    tally = Tally()
+    samples: list[dict[str, Any]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url)
+            tasks_before = await idle_tasks(http, url)
+            started = time.monotonic()
+            deadline = started + args.minutes * 60
+            # Callers start a little apart, each with its own utterance and phase.
+            loops = []
+            for i in range(args.calls):
+                lead = silence(0.5 + 0.7 * i)
+                speech = clips[i % len(clips)]
+                rest = silence(max(1.0, SPEECH_EVERY_S - len(lead) / 48000 - len(speech) / 48000))
+                packets = encode_opus(np.concatenate([lead, speech, rest]))
+                loops.append(asyncio.ensure_future(caller_loop(http, url, packets, deadline, tally)))
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(args.sample_s, max(0.0, deadline - time.monotonic())))
+                row = await sample(http, url, proc.pid, args.sample_s)
+                row["t_s"] = round(time.monotonic() - started, 1)
+                samples.append(row)
+                print(f"{row['t_s']:.0f} s: {row['live_calls']:.0f} calls, RSS {row['rss_mib']} MiB, "
+                      f"{row['fds']} fds, {row['tasks']:.0f} tasks, stall max {row['loop_stall_ms_max']} ms, "
+                      f"{tally.turns} turns, {len(tally.failures)} failures", file=sys.stderr)
+            await asyncio.gather(*loops)
+            tasks_after = await idle_tasks(http, url)
+            final = await scrape(http, url)
+            fds_after = proc_figures(proc.pid)["fds"]
+    finally:
+        await kill(proc)
+    stall_max = max((s["loop_stall_ms_max"] for s in samples), default=0.0)
+    return {
+        "minutes": args.minutes, "concurrent_calls": args.calls,
+        "calls_placed": tally.calls, "turns_completed": tally.turns, "refused_503_429": tally.refused,
+        "failed_calls": len(tally.failures), "failures": tally.failures[:10],
+        "rss_growth_pct": growth_pct(samples, "rss_mib"), "fd_growth_pct": growth_pct(samples, "fds"),
+        "rss_mib_first_last": [samples[0]["rss_mib"], samples[-1]["rss_mib"]] if samples else None,
+        "loop_stall_ms_max": stall_max,
+        "loop_stalls_over_50ms": stalls_over(final, STALL_MS),
+        "tasks_idle_before": tasks_before, "tasks_idle_after": tasks_after,
+        "task_leak": tasks_after - tasks_before, "fds_idle_after": fds_after,
+        "samples": samples,
+        "settings": {"stt_model": args.stt_model, "responder": "echo", "sample_s": args.sample_s},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--calls", type=int, default=8, help="concurrent conversation-mode callers")
+    parser.add_argument("--sample-s", type=float, default=15.0)
+    parser.add_argument("--stt-model", default="ssm", help="the node's recognizer (ssm: lightest on a CPU)")
+    parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=2))
+    ok = (result["failed_calls"] == 0 and result["task_leak"] <= 0 and result["loop_stall_ms_max"] <= STALL_MS
+          and all(g is not None and g <= 5 for g in (result["rss_growth_pct"], result["fd_growth_pct"])))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
