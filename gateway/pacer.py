@@ -10,12 +10,17 @@ barge-in stops the caller's audio within one frame. `hold()` does the same but k
 queue, and `release()` plays on from where it stopped (a caller's onset that may be a cough);
 `release(rewind_samples)` first sends again the last audio sent before the hold, for a
 client that cut what was still on its way to the ear when the hold began.
+
+`until_played(sample)` is how a producer learns that its audio has gone out: a future that
+the frame carrying that sample completes (no polling), or a flush that drops it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fractions
+import heapq
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -108,6 +113,8 @@ class PacedAudioTrack(MediaStreamTrack):
         self.held = False
         self.stats = PacerStats()
         self.on_sent: Optional[Callable[[np.ndarray], None]] = None  # each 20 ms frame sent (echo reference)
+        self._marks: list[tuple[int, int, asyncio.Future[bool]]] = []  # heap: (sample, order, its future)
+        self._mark_order = itertools.count()  # (ties in the heap never compare futures)
 
     # -- producer side ------------------------------------------------------------------
 
@@ -127,7 +134,8 @@ class PacedAudioTrack(MediaStreamTrack):
         self._queued_samples += len(out)
 
     def flush(self) -> int:
-        """Drop everything queued; returns the dropped sample count (48 kHz)."""
+        """Drop everything queued; returns the dropped sample count (48 kHz). Marks waiting
+        for the dropped audio complete with False: it will never play."""
         dropped = self._queued_samples
         self._queue.clear()
         self._queued_samples = 0
@@ -135,7 +143,26 @@ class PacedAudioTrack(MediaStreamTrack):
         self._recent_samples = 0
         self.stats.flushes += 1
         self.stats.flushed_samples += dropped
+        self._complete_marks(played=False)
         return dropped
+
+    def until_played(self, sample: int) -> asyncio.Future[bool]:
+        """A future that completes with True once played_samples reaches `sample` (the frame
+        carrying it has been sent), or with False if flush() drops that audio first. Done at
+        once when playback is already there. Cancelling it only stops the waiting."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._played >= sample:
+            future.set_result(True)
+        else:
+            heapq.heappush(self._marks, (sample, next(self._mark_order), future))
+        return future
+
+    def _complete_marks(self, played: bool) -> None:
+        """Complete the marks playback has reached (played=True), or every waiting one (False)."""
+        while self._marks and (not played or self._marks[0][0] <= self._played):
+            future = heapq.heappop(self._marks)[2]
+            if not future.done():
+                future.set_result(played)
 
     def hold(self) -> None:
         """Send silence from the next frame on, keeping what is queued (and played_samples)."""
@@ -184,6 +211,7 @@ class PacedAudioTrack(MediaStreamTrack):
         pcm = self._next_frame()
         if self.on_sent is not None:
             self.on_sent(pcm)
+        self._complete_marks(played=True)
         packet = av.Packet(self._encoder.encode(pcm))
         packet.pts = self._pts
         packet.time_base = TIME_BASE

@@ -21,7 +21,8 @@ import pytest
 
 from engine import CapacityError, StreamFailed
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
-from gateway.conversation import FALSE_INTERRUPTION_S, MAX_PAUSE_S, Conversation
+from gateway.barge_in import FALSE_INTERRUPTION_S, MAX_PAUSE_S
+from gateway.conversation import Conversation
 from gateway.events import EventChannel
 from gateway.pacer import PacedAudioTrack
 from gateway.responders import EchoResponder, Handoff, Responder

@@ -191,3 +191,12 @@ def test_nothing_below_the_http_edge_imports_it():
     offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p, attributes=False), "gateway.app"))
                  for p in python_files("gateway") if str(p.relative_to(ROOT)) not in above}
     assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def test_the_conversation_rooms_never_reach_back_into_the_state_machine():
+    """reply.py and barge_in.py are told what they need (reply.ReplyHost, callables); they
+    never import gateway.conversation, so each can be read on its own."""
+    rooms = [ROOT / "gateway" / name for name in ("reply.py", "barge_in.py", "speculation.py")]
+    offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "gateway.conversation"))
+                 for p in rooms}
+    assert {p: n for p, n in offenders.items() if n} == {}

@@ -145,3 +145,36 @@ async def test_opus_is_mono_about_32_kbits():
     kbits = np.mean(sizes) * 8 * 50 / 1000
     assert 20 <= kbits <= 40, kbits
     assert not (bytes(await pacer.recv())[0] & 0x04)  # TOC stereo flag clear: mono
+
+
+async def test_until_played_completes_with_the_frame_that_carries_the_mark():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(np.full(FRAME_SAMPLES * 3, 1000, np.int16), SAMPLE_RATE)
+    assert pacer.until_played(0).done(), "a mark playback has reached is done at once"
+    end = pacer.until_played(pacer.write_position)
+    middle = pacer.until_played(FRAME_SAMPLES + 1)
+    await pacer.recv()
+    assert not middle.done()
+    await pacer.recv()
+    assert middle.done() and middle.result() is True and not end.done()
+    pacer.hold()
+    await pacer.recv()
+    assert not end.done(), "a held pacer plays nothing"
+    pacer.release()
+    await pacer.recv()
+    assert end.result() is True
+
+
+async def test_until_played_says_false_when_a_flush_drops_the_audio():
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    pacer.write(np.full(FRAME_SAMPLES * 3, 1000, np.int16), SAMPLE_RATE)
+    end = pacer.until_played(pacer.write_position)
+    await pacer.recv()
+    pacer.flush()
+    assert end.done() and end.result() is False
+    abandoned = pacer.until_played(pacer.write_position + 1)
+    abandoned.cancel()  # a waiter that gave up
+    pacer.write(np.full(FRAME_SAMPLES, 1000, np.int16), SAMPLE_RATE)
+    await pacer.recv()  # completing the marks skips the cancelled one
