@@ -92,8 +92,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--weights", help="Parley TTS weights (.safetensors or .pt); default: shipped if present")
     parser.add_argument("--judge", default="tiny.en", choices=JUDGES, help="the Whisper model that transcribes")
+    parser.add_argument("--systems", default="piper_joe,espeak_ng,parley",
+                        help="comma-separated: piper_joe, espeak_ng (needs Debian espeak-ng), parley")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    systems = args.systems.split(",")
     import torch
 
     torch.set_num_threads(1)
@@ -101,12 +104,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     judge, out = whisper_judge(args.judge), Path(args.out)
     result = {"texts": args.texts, "n": len(lines), "judge": judge_name(args.judge)}
     for name, make in (("piper_joe", piper_renderer), ("espeak_ng", espeak_renderer)):
+        if name not in systems:
+            continue
         result[name] = score(name, make(), lines, judge, out)
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     from engine.tts import SHIPPED_WEIGHTS
 
     weights = args.weights or (str(SHIPPED_WEIGHTS) if SHIPPED_WEIGHTS.exists() else None)
-    if weights:
+    if "parley" not in systems:
+        pass
+    elif weights:
         from engine.bench import bench_tts
 
         parley = bench_tts(argparse.Namespace(weights=weights, device="cpu", texts=args.texts, out=str(out / "parley"),

@@ -218,8 +218,6 @@ def bench_tts(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     model = load_tts(Path(args.weights) if args.weights else None, args.device)
-    if getattr(args, "envelope_postfilter", None) is not None:
-        model.envelope_postfilter = args.envelope_postfilter
     lines = [ln.strip() for ln in Path(args.texts).read_text(encoding="utf-8").splitlines() if ln.strip()]
     lines = lines[: args.limit or None]
     out = Path(args.out)
@@ -255,7 +253,6 @@ def bench_tts(args: argparse.Namespace) -> dict:
             refs.append(normalize_for_wer(line))
             hyps.append(normalize_for_wer(judge(audio.astype(np.float32) / 32768, TTS_RATE)))
     result = {"benchmark": "tts", "texts": str(args.texts), "device": args.device, "n": len(lines),
-              "envelope_postfilter": model.envelope_postfilter,
               "sample_rate": TTS_RATE, "ttfa_ms_p50": _percentile_ms(ttfas, 50), "ttfa_ms_p95": _percentile_ms(ttfas, 95),
               "rtf": round(compute_s / audio_s, 4) if audio_s else None,
               "rtf_cpu": round(cpu_s / audio_s, 4) if audio_s else None,  # CPU time: fairer on a shared machine
@@ -331,13 +328,6 @@ def whisper_judge(model: str = "tiny.en", beam_size: int = 5):
     return judge
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be above 0")
-    return value
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.bench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -365,8 +355,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     tts.add_argument("--limit", type=int, default=0, help="first N lines only")
     tts.add_argument("--judge", nargs="?", const="tiny.en", choices=JUDGES,
                      help="also score intelligibility with Whisper: tiny.en (the default) or base")
-    tts.add_argument("--envelope-postfilter", type=positive_float, default=None,
-                     help="cepstral sharpening gain of the predicted envelope, 1.0 = off (default: the engine's)")
     tts.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
     try:

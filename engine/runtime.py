@@ -1,4 +1,4 @@
-"""One batched inference loop for every stream (ARCHITECTURE.md, "Engine contract").
+"""One batched inference loop for every stream (docs/architecture.md, "The engine contract").
 
 SSM states are fixed-size, so all callers share one forward pass per tick:
 
@@ -14,9 +14,9 @@ directly, which is how tests drive it without depending on timing.
 
 Each model joins the tick through a `Stepper`. TTS is the second one:
 
-    push_text ─► inbox ─► phonemes ─► encoder (per stream, a phrase at a time) ─► ready frames
-      ─► every stream that needs audio: next 1..8 frames ─► ONE decoder + vocoder step per
-         chunk size ─► WordMark and Audio events
+    push_text ─► inbox ─► phonemes ─► encoder (per stream, a phrase at a time) ─► prior frames
+      ─► every stream that needs audio: its next chunk (8, 16, then 32 frames, with context) ─► ONE
+         call of Piper's flow + decoder per chunk shape, on the render thread ─► WordMark, Audio
 
 A reply's first text wakes the loop for an early tick, so time to first audio does not wait
 for the next period; so does a completed STT frame while the loop is lightly loaded (under
@@ -45,7 +45,6 @@ from torch import Tensor, nn
 
 from .audio import (FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, FrameStacker, StreamingWindows,
                     log_mel_rows, to_finite_float)
-from . import vocoder
 from .interface import Audio, SttEvent, TtsEvent, WordMark
 from .stt import (FRAME_S, SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, check_turn_end_probability,
                   frame_outputs, load_model, resolve_lm, resolve_turns, streaming_model)
@@ -54,7 +53,7 @@ from .models import DEFAULT_STT_MODEL, SSM, WHISPER, check_stt_model
 from .vad import SileroVad
 from .whisper import WhisperReader
 from .whisper_stream import ReadingWorker, TurnReader
-from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
+from .tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Chunk, Schedule, TtsModel, encode_ids, render, synthesize_offline, to_int16
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ class StatePool:
 
 
 def _rows_like(tensor: Tensor, capacity: int) -> Tensor:
-    """Half-precision states are kept in fp32; fp64 ones (the vocoder's phase) and integers as they are."""
+    """Half-precision states are kept in fp32; fp64 ones and integers as they are."""
     dtype = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else tensor.dtype
     return torch.zeros(capacity, *tensor.shape[1:], dtype=dtype, device=tensor.device)
 
@@ -394,7 +393,7 @@ class SlotTable:
 
 
 # Batched steps of this many streams or more run the fp32 model, by the int8 kernel in use
-# (bench/stt_step.py, one thread, nineteenth session): torch's is 1.3x the fp32 model at 16 rows
+# (bench/stt_step.py, one thread): torch's is 1.3x the fp32 model at 16 rows
 # and slower from 64; Parley's is 2.4x at 16, 1.3x at 64, 1.05x at 256 and 0.93x at 512.
 INT8_MAX_ROWS = {"torch": 64, "parley": 256}
 
@@ -547,15 +546,16 @@ class SttStepper(SlotTable):
 
 # -- text-to-speech ---------------------------------------------------------------------------
 
-TTS_FIRST_FRAMES = 8  # a reply's first render: 93 ms of audio (4 frames would be out ~1 ms sooner, but
-# then the next chunk must follow within 46 ms, which a loaded tick does not always manage)
-TTS_FRAMES_PER_TICK = 8  # then up to 93 ms per 40 ms tick: 2.3x real time builds a lead quickly
-TTS_MAX_LEAD_S = 0.4  # a stream this far ahead of its playout clock sits a tick out: others go first
-TTS_LOW_LEAD_S = 0.2  # a stream with less lead than this (just started, or after a slow tick) renders double
+TTS_FIRST_FRAMES = 8  # a reply's first render: 93 ms of audio, for time to first audio; each next
+TTS_CHUNK_FRAMES = 32  # render doubles (16, 32) up to 372 ms, so the lead grows faster than playout.
+# Each render also decodes up to 2 x CONTEXT_FRAMES of context it does not keep, so short chunks
+# would waste most of the decoder's time.
+TTS_MAX_LEAD_S = 0.8  # a stream this far ahead of its playout clock sits a tick out: others go first
 TTS_TEXT_PIECE_CHARS = 64  # text is queued in pieces this long ...
-TTS_READY_FRAMES = 24  # ... and phonemized and encoded only while a stream has fewer frames ready
-# (280 ms): a long reply's text is spread over many ticks instead of stalling one tick for all.
+TTS_READY_FRAMES = 2 * TTS_CHUNK_FRAMES  # ... and phonemized and encoded only while a stream has fewer
+# frames ready: a long reply's text is spread over many ticks instead of stalling one tick for all.
 TTS_ENCODE_MIN_IDS = 32  # ids gathered before one encoder call (each call has a fixed cost)
+RENDER_BUSY_WINDOW_S = 2.0  # admission looks at the renderer's busy share over this long
 _END_TEXT = object()  # inbox marker: the reply's text is complete
 
 
@@ -589,6 +589,8 @@ class RuntimeTtsStream:
         self.schedule = Schedule(lookahead)
         self.playout_origin: Optional[float] = None  # when sample 0 would play if played as it came
         self.samples_out = 0
+        self.chunks_out = 0
+        self.rendering = False  # a chunk of this stream is with the RenderWorker (written by both threads)
 
     def push_text(self, delta: str) -> None:
         """Append reply text; a phrase is synthesized as soon as it is stable. Ignored after cancel."""
@@ -660,16 +662,77 @@ class RuntimeTtsStream:
         return self.samples_out / TTS_SAMPLE_RATE - (now - self.playout_origin)
 
 
-class TtsStepper(SlotTable):
-    """TTS's part of a tick: new text of each stream through its encoder, then the next frames
-    of every stream that needs audio through ONE batched decoder + vocoder step per chunk size.
+RenderBatch = list[tuple["RuntimeTtsStream", Chunk, list[WordMark]]]
 
-    Chunk sizes are powers of two (1..2 x TTS_FRAMES_PER_TICK), so a tick makes at most a few
-    batched calls however many streams there are. A stream renders TTS_FIRST_FRAMES on its
-    first tick (time to first audio), then TTS_FRAMES_PER_TICK while its lead over real time
-    is under max_lead_s, twice that while the lead is under TTS_LOW_LEAD_S (a slow tick can
-    come at any time: the lead is what absorbs it). The model runs in fp32 on every device:
-    it is small, and the vocoder's phase needs the precision.
+
+class RenderWorker:
+    """Piper's flow and decoder on their own thread: a render takes 40-100 ms of a core, longer
+    than a tick, so the tick (STT frames, text encoding) hands batches over instead of waiting.
+    onnxruntime computes without the GIL, so the two run side by side on two cores.
+
+    Batches run oldest first; `done(batch, pcm or exception)` is called on this thread."""
+
+    def __init__(self, done: Callable[[RenderBatch, "list[np.ndarray] | BaseException"], None]) -> None:
+        self._done = done
+        self._queue: collections.deque = collections.deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._spans: collections.deque = collections.deque()  # (ended, seconds) of recent renders
+        self._thread = threading.Thread(target=self._run, name="tts-render", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: RenderBatch) -> None:
+        with self._ready:
+            self._queue.append(batch)
+            self._ready.notify()
+
+    def busy_share(self, now: float) -> float:
+        """Share of the last RENDER_BUSY_WINDOW_S spent rendering, with the queue counted as busy."""
+        with self._ready:
+            while self._spans and self._spans[0][0] < now - RENDER_BUSY_WINDOW_S:
+                self._spans.popleft()
+            return sum(seconds for _, seconds in self._spans) / RENDER_BUSY_WINDOW_S + (1.0 if self._queue else 0.0)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                batch = self._queue.popleft()
+            started = time.perf_counter()
+            try:
+                result: "list[np.ndarray] | BaseException" = [
+                    to_int16(audio) for audio in render([chunk for _, chunk, _ in batch])]
+            except Exception as exc:  # noqa: BLE001 - the streams of this batch fail, the worker goes on
+                result = exc
+            ended = time.perf_counter()
+            with self._ready:
+                self._spans.append((ended, ended - started))
+            try:
+                self._done(batch, result)
+            except Exception:  # noqa: BLE001 - a delivery bug must not stop every stream's audio
+                log.exception("delivering rendered TTS audio failed")
+
+
+class TtsStepper(SlotTable):
+    """TTS's part of a tick: new text of each stream through its encoder, then the next chunk
+    of every stream that needs audio to Piper's flow and decoder, ONE call per chunk shape.
+
+    A stream renders TTS_FIRST_FRAMES first (time to first audio), then chunks doubling up to
+    TTS_CHUNK_FRAMES while its lead over real time is under max_lead_s. Chunk sizes are powers
+    of two and every chunk carries the same context, so streams mid-reply share a shape and a
+    call. The renderer keeps no state between chunks (the context is recomputed): a stream's
+    state is its encoder's, a few KiB. With a RenderWorker (the running runtime) renders run
+    on its thread, one chunk per stream in flight; without one (Runtime.tick() called by hand)
+    they run inline, in the tick.
     """
 
     kind = "TTS"
@@ -681,11 +744,24 @@ class TtsStepper(SlotTable):
         self.device, self._wake, self.max_lead_s = device, wake, max_lead_s
         self.encoder_pool = StatePool(model.encoder.initial_state(1, device)
                                       + [LookaheadHistory(model.initial_history(1, device))], max_streams)
-        self.decoder_pool = StatePool(model.decoder.initial_state(1, device)
-                                      + [vocoder.VocoderState.zeros(1, device)], max_streams)
+        self.worker: Optional[RenderWorker] = None
+        self._delivered: collections.deque = collections.deque()  # StepReports of the worker's renders
 
     def open(self, session_id: str) -> RuntimeTtsStream:
         return self._open(lambda slot: RuntimeTtsStream(self, session_id, slot, self.model.config.lookahead))
+
+    def start_worker(self) -> None:
+        if self.worker is None:
+            self.worker = RenderWorker(self._deliver)
+
+    def stop_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    def overloaded(self, now: float, limit: float) -> bool:
+        """The renderer spent more than `limit` of its recent time rendering (or has a queue)."""
+        return self.worker is not None and self.worker.busy_share(now) > limit
 
     def text_arrived(self, stream: RuntimeTtsStream) -> None:
         """A reply that has not sounded yet gets a tick now rather than at the next period."""
@@ -693,56 +769,64 @@ class TtsStepper(SlotTable):
             self._wake()
 
     def bytes_per_slot(self) -> int:
-        return self.encoder_pool.bytes_per_slot() + self.decoder_pool.bytes_per_slot()
+        return self.encoder_pool.bytes_per_slot()
 
     def warm_up(self) -> None:
-        """Phonemizer start-up, then a whole sentence offline: the audio must be finite."""
+        """Phonemizer start-up and the decoder's first call, then a whole sentence offline: the
+        audio must be finite."""
         audio, _ = synthesize_offline(self.model, "Hello, how can I help?")
         if len(audio) == 0:
             raise RuntimeError("TTS warm-up produced no audio")
 
     @torch.inference_mode()
     def step(self) -> StepReport:
-        streams = self.streams()
         report = StepReport()
+        while self._delivered:
+            delivered = self._delivered.popleft()
+            report.batches += delivered.batches
+            report.ttfas += delivered.ttfas
+            report.late_audio_chunks += delivered.late_audio_chunks
+        streams = self.streams()
         if not streams:
             return report
         self._zero_fresh(streams)
         for stream in streams:
             self._encode_text(stream)
-        chunks: dict[int, list[tuple[RuntimeTtsStream, Tensor, Tensor, list[WordMark]]]] = {}
+        shapes: dict[tuple[int, int], RenderBatch] = {}
         now = time.perf_counter()
         for stream in streams:
-            if stream.closed:
+            if stream.closed or stream.rendering:
                 continue
             self._pause_clock_while_waiting_for_text(stream, now)
             size = self._chunk_size(stream, now)
-            vectors, positions, marks = stream.schedule.take(size) if size else (None, None, [])
-            if vectors is None:
+            chunk, marks = stream.schedule.take(size) if size else (None, [])
+            if chunk is None:
                 for mark in marks:  # words on ids of zero frames, before any audio of theirs
                     stream.channel.put(mark)
             else:
-                chunks.setdefault(len(vectors), []).append((stream, vectors, positions, marks))
-        for batch in chunks.values():
-            self._render(batch, report)
+                shapes.setdefault(chunk.shape, []).append((stream, chunk, marks))
+        for batch in shapes.values():
+            if self.worker is None:
+                self._render_inline(batch, report)
+            else:
+                for stream, _, _ in batch:
+                    stream.rendering = True
+                self.worker.submit(batch)
         for stream in streams:
-            if not stream.closed and stream.schedule.done and not stream.has_text():
+            if not stream.closed and not stream.rendering and stream.schedule.done and not stream.has_text():
                 self.release(stream)
         return report
 
     def _zero_fresh(self, streams: list[RuntimeTtsStream]) -> None:
         fresh = [s for s in streams if s.fresh]
         if fresh:
-            slots = torch.tensor([s.slot for s in fresh], device=self.device)
-            self.encoder_pool.zero(slots)
-            self.decoder_pool.zero(slots)
+            self.encoder_pool.zero(torch.tensor([s.slot for s in fresh], device=self.device))
             for s in fresh:
                 s.fresh = False
 
     def _encode_text(self, stream: RuntimeTtsStream) -> None:
         """Phonemize the stream's queued text and run its ids through the encoder, until it has
-        TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply; the
-        per-frame work is what is batched)."""
+        TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply)."""
         try:
             while stream.has_text() and stream.schedule.frames_ready() < TTS_READY_FRAMES and not stream.closed:
                 ids, labels = stream.take_ids()
@@ -765,38 +849,40 @@ class TtsStepper(SlotTable):
 
     def _chunk_size(self, stream: RuntimeTtsStream, now: float) -> int:
         """Frames to render for this stream this tick: 0, or a power of two."""
-        ready = stream.schedule.frames_ready()
         if stream.playout_origin is not None and stream.lead(now) > self.max_lead_s:
             return 0
-        if stream.playout_origin is None:
-            limit = TTS_FIRST_FRAMES
-        elif stream.lead(now) < TTS_LOW_LEAD_S:
-            limit = 2 * TTS_FRAMES_PER_TICK
-        else:
-            limit = TTS_FRAMES_PER_TICK
-        size = min(limit, ready)
+        limit = min(TTS_FIRST_FRAMES << stream.chunks_out, TTS_CHUNK_FRAMES)
+        size = min(limit, stream.schedule.frames_ready())
         if size == 0:
-            return 1 if stream.schedule.ready else 0  # flush word marks of zero-frame ids
+            return 1 if stream.schedule.marks else 0  # flush word marks of zero-frame ids
         return 1 << (size.bit_length() - 1)
 
-    def _render(self, batch: list[tuple[RuntimeTtsStream, Tensor, Tensor, list[WordMark]]],
-                report: StepReport) -> None:
-        streams = [stream for stream, _, _, _ in batch]
-        slots = torch.tensor([s.slot for s in streams], device=self.device)
+    def _render_inline(self, batch: RenderBatch, report: StepReport) -> None:
         try:
-            *decoder_state, vocoder_state = self.decoder_pool.gather(slots)
-            audio, decoder_state, vocoder_state = render(
-                self.model, torch.stack([v for _, v, _, _ in batch]), torch.stack([p for _, _, p, _ in batch]),
-                decoder_state, vocoder_state)
-            self.decoder_pool.scatter(slots, decoder_state + [vocoder_state])
-            pcm = to_int16(audio)
-        except Exception as exc:  # noqa: BLE001 - the shared step failed: every stream in it did
-            log.exception("batched TTS step failed for %d streams", len(streams))
+            result: "list[np.ndarray] | BaseException" = [
+                to_int16(audio) for audio in render([chunk for _, chunk, _ in batch])]
+        except Exception as exc:  # noqa: BLE001 - the shared call failed: every stream in it did
+            result = exc
+        self._put_audio(batch, result, report)
+
+    def _deliver(self, batch: RenderBatch, result: "list[np.ndarray] | BaseException") -> None:
+        """On the render worker's thread: the batch's audio out, its figures to the next tick."""
+        report = StepReport()
+        self._put_audio(batch, result, report)
+        for stream, _, _ in batch:
+            stream.rendering = False
+        self._delivered.append(report)
+        self._wake()  # the next chunks (or the slots' release) come at once, not a period later
+
+    def _put_audio(self, batch: RenderBatch, result: "list[np.ndarray] | BaseException", report: StepReport) -> None:
+        streams = [stream for stream, _, _ in batch]
+        if isinstance(result, BaseException):
+            log.error("batched TTS render failed for %d streams", len(streams), exc_info=result)
             for stream in streams:
-                self.release(stream, exc)
+                self.release(stream, result)
             return
         now = time.perf_counter()
-        for (stream, _, _, marks), samples in zip(batch, pcm):
+        for (stream, _, marks), samples in zip(batch, result):
             if stream.closed:
                 continue
             if stream.playout_origin is None:
@@ -809,6 +895,7 @@ class TtsStepper(SlotTable):
                 stream.channel.put(mark)
             stream.channel.put(Audio(samples, TTS_SAMPLE_RATE))
             stream.samples_out += len(samples)
+            stream.chunks_out += 1
         report.batches.append(len(streams))
 
 
@@ -991,6 +1078,8 @@ class Runtime:
             gc.collect()
             gc.freeze()
             self._stop.clear()
+            if self.tts is not None:
+                self.tts.start_worker()
             self._thread = threading.Thread(target=self._run, name="engine-runtime", daemon=True)
             self._thread.start()
 
@@ -1004,6 +1093,8 @@ class Runtime:
             if self._thread.is_alive():
                 log.error("runtime thread did not stop within %.1f s", timeout)
             self._thread = None
+        if self.tts is not None:
+            self.tts.stop_worker()
         for stepper in self.steppers:
             stepper.close_all()
         if self.stt.words is not None:
@@ -1040,14 +1131,17 @@ class Runtime:
         """(admit a new stream now?, seconds before asking again).
 
         No when a model has no free slot (a call needs one in each), when the p95 of the last
-        ADMISSION_WINDOW tick times is over admit_load x the budget, or when the loop has fallen
-        more than a tick behind its schedule.
+        ADMISSION_WINDOW tick times is over admit_load x the budget, when the TTS renderer was
+        busy more than admit_load of its recent time, or when the loop has fallen more than a
+        tick behind its schedule.
         """
         retry_after_s = ADMISSION_WINDOW * self.tick_s  # the window has turned over by then
         if any(stepper.free_slots() == 0 for stepper in self.steppers):
             return False, retry_after_s
         recent = self.metrics.recent(ADMISSION_WINDOW)
         if len(recent) >= ADMISSION_MIN_TICKS and np.percentile(recent, 95) > self.admit_load * self.tick_s:
+            return False, retry_after_s
+        if self.tts is not None and self.tts.overloaded(time.perf_counter(), self.admit_load):
             return False, retry_after_s
         if self.behind_s > self.tick_s:
             return False, retry_after_s

@@ -1,4 +1,6 @@
-"""`parley` command line: `parley serve [--flags]` (also `python -m gateway serve`).
+"""`parley` command line: `parley serve [--flags]` (also `python -m gateway serve`), `parley
+config` (the effective configuration) and `parley say TEXT --out FILE.wav` (the shipped voice,
+offline: how a reply will sound).
 
 Signals: the first SIGTERM drains (readyz 503, new calls 503, live calls continue up to
 drain_timeout_s, then session.migrate and close), and the process exits 0 when no calls
@@ -34,7 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     config_module.add_arguments(serve)
     printer = commands.add_parser("config", help="print the effective configuration and exit")
     config_module.add_config_file_argument(printer)
+    say = commands.add_parser("say", help="speak TEXT with the shipped voice into a WAV file and exit")
+    say.add_argument("text", help="what to say (numbers, money, dates and times are read out)")
+    say.add_argument("--out", required=True, help="the WAV file to write (22.05 kHz, 16-bit mono)")
     return parser
+
+
+def say(text: str, out: str) -> int:
+    """The same synthesis a call's replies go through, offline, into a WAV file."""
+    from engine.tts import SAMPLE_RATE, load_model, synthesize_offline
+    from engine.wavfile import write_wav
+
+    if not text.strip():
+        print("parley say: nothing to say (TEXT is empty)", file=sys.stderr)
+        return 2
+    audio, _ = synthesize_offline(load_model(), text)
+    write_wav(out, audio, SAMPLE_RATE)
+    print(f"wrote {out}: {len(audio) / SAMPLE_RATE:.2f} s", flush=True)
+    return 0
 
 
 async def serve(config: config_module.Config) -> None:
@@ -68,6 +87,8 @@ def _on_sigterm(registry: CallRegistry, config: config_module.Config, stop: asyn
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "say":
+        return say(args.text, args.out)
     try:
         config = config_module.load(args)
     except config_module.ConfigError as exc:

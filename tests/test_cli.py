@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
+import numpy as np
 import pytest
 
 ENV = {**os.environ, "PARLEY_SECRET": "s3cret-value", "PARLEY_ICE_ADDRESSES": "127.0.0.1"}
@@ -109,3 +110,19 @@ def test_redis_password_is_masked_when_printed():
 
     masked = Config(redis_url="redis://parley:hunter2@redis:6379/0").validate().masked()
     assert masked["redis_url"] == "redis://parley:***@redis:6379/0" and masked["secret"] == "***"
+
+
+def test_say_writes_the_shipped_voice_to_a_wav(tmp_path):
+    import wave
+
+    out = tmp_path / "reply.wav"
+    done = subprocess.run([sys.executable, "-m", "gateway", "say", "Your order ships on Monday.", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with wave.open(str(out), "rb") as f:
+        rate, audio = f.getframerate(), np.frombuffer(f.readframes(f.getnframes()), "<i2")
+    assert rate == 22050 and 1.0 < len(audio) / rate < 5.0
+    assert np.abs(audio.astype(np.float32)).max() > 1000  # speech, not silence
+    empty = subprocess.run([sys.executable, "-m", "gateway", "say", "  ", "--out", str(tmp_path / "x.wav")],
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "nothing to say" in empty.stderr

@@ -34,7 +34,7 @@ from tests.test_stt_shipped import SPEECH
 
 def conversation_engine() -> SpeechEngine:
     torch.manual_seed(0)
-    tts = load_tts() if TTS_WEIGHTS.exists() else TtsModel(TtsConfig(width=64, encoder_depth=1, decoder_depth=1)).eval()
+    tts = load_tts() if TTS_WEIGHTS.exists() else TtsModel(TtsConfig(width=64, encoder_depth=1)).eval()
     return SpeechEngine(load_model(), tts_model=tts, max_streams=2, device="cpu", num_threads=1, admit_load=1000.0)
 
 

@@ -97,7 +97,7 @@ async def test_a_reply_cut_off_by_a_dead_node_continues_on_the_other(http, redis
     from gateway.sessions import session_key
 
     torch.manual_seed(0)
-    tts = TtsModel(TtsConfig(width=64, encoder_depth=1, decoder_depth=1))
+    tts = TtsModel(TtsConfig(width=64, encoder_depth=1))
     with torch.no_grad():  # slow speech, so the greeting is still playing when node A dies
         tts.duration_head[-1].bias.fill_(2.0)
     tts_weights = tmp_path / "tts.safetensors"

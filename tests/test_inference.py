@@ -123,8 +123,8 @@ def test_frozen_fp32_stack_scans_like_the_stack(chunks):
 
 
 @torch.no_grad()
-def test_frozen_tts_encodes_and_decodes_like_the_model():
-    model = trained_looking(TtsModel(TtsConfig(width=32, encoder_depth=2, decoder_depth=2)), seed=3)
+def test_frozen_tts_encodes_like_the_model():
+    model = trained_looking(TtsModel(TtsConfig(width=32, encoder_depth=2)), seed=3)
     frozen = FrozenTts(model)
     ids = torch.randint(1, 40, (2, 9))
     encoder_state, history = model.encoder.initial_state(2), torch.randn(2, model.config.lookahead, 32)
@@ -133,21 +133,16 @@ def test_frozen_tts_encodes_and_decodes_like_the_model():
     torch.testing.assert_close(frozen_vectors, vectors, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(frozen_history, new_history)
     torch.testing.assert_close(frozen_state[-1].h, state[-1].h, atol=1e-5, rtol=1e-5)
-    frames, positions = torch.randn(2, 12, 32), torch.rand(2, 12, 3)
-    outputs, state = model.decode(frames, positions, model.decoder.initial_state(2))
-    frozen_outputs, frozen_state = frozen.decode(frames, positions, model.decoder.initial_state(2))
-    torch.testing.assert_close(frozen_outputs, outputs, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(frozen_state[-1].conv, state[-1].conv, atol=1e-5, rtol=1e-5)
 
 
 def test_tts_runs_its_frozen_form_on_cpu_until_a_weight_changes():
-    model = TtsModel(TtsConfig(width=32, encoder_depth=1, decoder_depth=1))
+    model = TtsModel(TtsConfig(width=32, encoder_depth=1))
     first = inference_model(model)
     assert isinstance(first, FrozenTts) and inference_model(model) is first
     with torch.no_grad():
-        model.feature_head.bias.add_(1.0)  # as an optimizer step would
+        model.phoneme_out.bias.add_(1.0)  # as an optimizer step would
     assert inference_model(model) is not first
-    half = TtsModel(TtsConfig(width=32, encoder_depth=1, decoder_depth=1)).to(torch.bfloat16)
+    half = TtsModel(TtsConfig(width=32, encoder_depth=1)).to(torch.bfloat16)
     assert inference_model(half) is half  # half precision runs the model itself
 
 

@@ -260,7 +260,7 @@ intents:
     (GOOD_FLOW.replace("keywords: [hours]", "keywords: [hours, no]"), "quote it"),
     (GOOD_FLOW.replace("keywords: [hours]", "keywords: [hours]\n    action: transfer"),
      "'transfer' is not one of handoff, end_call"),
-    (GOOD_FLOW.replace("keywords: [hours]", "keywords: []"), "needs keywords or patterns"),
+    (GOOD_FLOW.replace("keywords: [hours]", "keywords: []"), "needs keywords, patterns or dtmf"),
 ])
 def test_flow_errors_name_the_file_and_problem(tmp_path, text, problem):
     path = tmp_path / "bad.yaml"

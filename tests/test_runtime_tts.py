@@ -1,6 +1,7 @@
-"""engine.runtime's TTS stepper: every reply's frames go through one batched decoder + vocoder
-step per tick, with the same audio and word marks as the single-stream Synthesizer; failures
-stay in their stream, slots come back clean, cancel is immediate.
+"""engine.runtime's TTS stepper: every reply's chunks go through one batched call of Piper's
+flow and decoder per chunk shape, with the same audio (but for chunk seams) and word marks as
+the single-stream Synthesizer; failures stay in their stream, slots come back clean, cancel is
+immediate.
 
 Ticks are driven with Runtime.tick() wherever timing is not the point (and the real-time lead
 limit is lifted), so a busy machine cannot change an outcome.
@@ -23,6 +24,7 @@ TEXTS = ["Sure, your order 4512 ships on Monday. The total is $12.50, anything e
          "Yes.",
          "Your account number is A B 7 7 1 9, and the balance is zero."]
 EVENT_DEADLINE_S = 60.0
+SEAM_LIMIT = 0.1  # as tests/test_tts.py
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tts_model() -> TtsModel:
     torch.manual_seed(0)
-    return TtsModel(TtsConfig(width=32, encoder_depth=2, decoder_depth=2, lookahead=4)).eval()
+    return TtsModel(TtsConfig(width=32, encoder_depth=2, lookahead=4)).eval()
 
 
 def stt_model() -> SttModel:
@@ -61,8 +63,9 @@ def assert_same_speech(events: list, model: TtsModel, text: str) -> None:
     audio, marks = split(events)
     expected_audio, expected_marks = synthesize_offline(model, text)
     assert len(audio) == len(expected_audio)
-    if len(audio):
-        assert np.abs(audio.astype(np.int32) - expected_audio).max() <= 2  # int16 LSBs of float rounding
+    if len(audio):  # chunks fall elsewhere than the Synthesizer's: only the seams may differ
+        error = np.sqrt(np.mean((audio.astype(np.float64) - expected_audio) ** 2))
+        assert error <= SEAM_LIMIT * np.sqrt(np.mean(expected_audio.astype(np.float64) ** 2))
     assert marks == expected_marks
 
 
@@ -99,11 +102,11 @@ def test_reused_slot_starts_clean(tts_model):
     assert runtime.admission()[0] is False
     first.push_text(TEXTS[0])
     first.end()
-    for _ in range(6):  # part of the reply: states, phase and overlap-add memory are mid-sound
+    for _ in range(6):  # part of the reply: the encoder's state and the frames are mid-sound
         runtime.tick()
     assert split(first.poll())[0].size > 0
     first.cancel()
-    assert runtime.tts.free_slots() == 1 and runtime.admission() == (True, 0.0)
+    assert runtime.tts.free_slots() == 1  # (admission also weighs tick times: hand-driven ticks render inline)
 
     second = runtime.open_tts("second")
     assert second.slot == first.slot
