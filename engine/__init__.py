@@ -23,8 +23,19 @@ _RUNTIME_EXPORTS = ("CapacityError", "RuntimeStats", "SpeechEngine", "StreamFail
 __all__ = [
     "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechLikely",
     "SpeechStart", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", "DEFAULT_STT_MODEL", "STT_MODELS",
-    *_RUNTIME_EXPORTS,
+    *_RUNTIME_EXPORTS, "say",
 ]
+
+
+def say(text: str, path: str) -> float:
+    """Speak `text` with the shipped voice into a WAV file at `path` (22.05 kHz, 16-bit mono),
+    offline, through the same synthesis as a call's replies -> seconds of audio written."""
+    from .tts import SAMPLE_RATE, load_model, synthesize_offline
+    from .wavfile import write_wav
+
+    audio, _ = synthesize_offline(load_model(), text)
+    write_wav(path, audio, SAMPLE_RATE)
+    return len(audio) / SAMPLE_RATE
 
 
 def __getattr__(name: str):

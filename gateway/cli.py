@@ -44,15 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def say(text: str, out: str) -> int:
     """The same synthesis a call's replies go through, offline, into a WAV file."""
-    from engine.tts import SAMPLE_RATE, load_model, synthesize_offline
-    from engine.wavfile import write_wav
+    import engine
 
     if not text.strip():
         print("parley say: nothing to say (TEXT is empty)", file=sys.stderr)
         return 2
-    audio, _ = synthesize_offline(load_model(), text)
-    write_wav(out, audio, SAMPLE_RATE)
-    print(f"wrote {out}: {len(audio) / SAMPLE_RATE:.2f} s", flush=True)
+    seconds = engine.say(text, out)
+    print(f"wrote {out}: {seconds:.2f} s", flush=True)
     return 0
 
 
