@@ -2,7 +2,7 @@
 
 How it runs
 -----------
-One Runtime (engine/runtime.py) with its own tick thread, as the gateway runs it, over the
+One Runtime (engine/runtime/loop.py) with its own tick thread, as the gateway runs it, over the
 shipped STT and TTS weights (or, when absent, randomly initialised models of the shipped
 architectures: speed does not depend on weight values). For each N in --sizes it opens N
 calls. Each call listens and speaks at once: a feeder thread pushes its STT stream 20 ms of

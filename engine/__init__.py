@@ -3,27 +3,30 @@
 from .interface import (
     STT_SAMPLE_RATE,
     Audio,
+    CapacityError,
     EndOfTurn,
     Engine,
+    EngineStats,
     Final,
     Partial,
     SpeechLikely,
     SpeechStart,
     SttEvent,
+    StreamFailed,
     SttStream,
     TtsEvent,
     TtsStream,
     WordMark,
 )
-from .models import DEFAULT_STT_MODEL, STT_MODELS
+from .models import DEFAULT_STT_MODEL, DEFAULT_VOICE, STT_MODELS, TTS_VOICES
 
 # The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
-_RUNTIME_EXPORTS = ("CapacityError", "RuntimeStats", "SpeechEngine", "StreamFailed")
+_RUNTIME_EXPORTS = ("RuntimeStats", "SpeechEngine")
 
 __all__ = [
-    "STT_SAMPLE_RATE", "Audio", "EndOfTurn", "Engine", "Final", "Partial", "SpeechLikely",
-    "SpeechStart", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark", "DEFAULT_STT_MODEL", "STT_MODELS",
-    *_RUNTIME_EXPORTS, "say",
+    "STT_SAMPLE_RATE", "Audio", "CapacityError", "EndOfTurn", "Engine", "EngineStats", "Final", "Partial",
+    "SpeechLikely", "SpeechStart", "StreamFailed", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
+    "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", *_RUNTIME_EXPORTS, "say",
 ]
 
 

@@ -63,7 +63,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import numpy as np
 
-from engine.interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart
+from engine.interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent, SttStream, TtsStream
 
 from .barge_in import BargeIn
 from .dialog import PendingTurn, Turn
@@ -99,14 +99,14 @@ class Conversation:
     It is the ReplyHost of its Speaker (gateway/reply.py): told when a reply starts, becomes
     audible, plays out or loses its voice, it moves the turn state and keeps the history."""
 
-    def __init__(self, stt: Any, open_tts: Callable[[], Any], responder: Responder, pacer: PacedAudioTrack,
+    def __init__(self, stt: SttStream, open_tts: Callable[[], TtsStream], responder: Responder, pacer: PacedAudioTrack,
                  events: EventChannel, history: Optional[list[Turn]] = None,
                  hang_up: Optional[Callable[[str], Awaitable[None]]] = None,
                  pending: Optional[PendingTurn] = None,
                  resume_unfinished: str = "continue", on_change: Optional[Callable[[], None]] = None,
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
                  speculate_after_s: Optional[float] = SPECULATE_AFTER_S,
-                 recording: Optional[CallRecording] = None, reopen_stt: Optional[Callable[[], Any]] = None,
+                 recording: Optional[CallRecording] = None, reopen_stt: Optional[Callable[[], SttStream]] = None,
                  log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None) -> None:
         self.stt = stt
         self.reopen_stt = reopen_stt  # a new recognizer stream for this call (None: a failed one ends the call)
@@ -226,7 +226,7 @@ class Conversation:
             self.say(STT_APOLOGY)
         return True
 
-    def _reopen_stt(self) -> Any:
+    def _reopen_stt(self) -> Optional[SttStream]:
         if self.reopen_stt is None:
             return None
         try:
@@ -252,7 +252,7 @@ class Conversation:
 
     # -- the caller's side --------------------------------------------------------------------
 
-    def on_stt_event(self, event: Any) -> None:
+    def on_stt_event(self, event: SttEvent) -> None:
         """One recognizer event (SpeechLikely, SpeechStart, Partial, Final, EndOfTurn) drives the state machine."""
         self._heard_caller(event)
         if isinstance(event, SpeechLikely):
@@ -271,7 +271,7 @@ class Conversation:
         elif isinstance(event, EndOfTurn):
             self._on_end_of_turn(event)
 
-    def _heard_caller(self, event: Any) -> None:
+    def _heard_caller(self, event: SttEvent) -> None:
         """What the caller is doing: activity (for the idle limits) and a sound under way (barge-in)."""
         if isinstance(event, SpeechStart) or (isinstance(event, (Partial, Final)) and event.text.strip()):
             self._last_activity = time.monotonic()
@@ -389,11 +389,7 @@ class Conversation:
     def _force_turn_end(self) -> None:
         """The caller has talked for max_turn_s without a pause: answer what was heard."""
         self._forcing_turn_end = True
-        flush = getattr(self.stt, "flush", None)
-        if flush is not None:
-            flush()  # its Final ends the turn (_on_final)
-        else:
-            self._on_end_of_turn(EndOfTurn(confidence=0.0), forced=True)
+        self.stt.flush()  # its Final ends the turn (_on_final)
 
     def _on_idle(self) -> None:
         if not self._idle_prompted:

@@ -2,7 +2,8 @@
 is admitted, scraped for /metrics, closed at shutdown.
 
 The engine (engine.SpeechEngine) runs its batched tick loop on its own thread; nothing
-here blocks the event loop (loading and warm-up run in a worker thread).
+here blocks the event loop (loading and warm-up run in a worker thread). Only the engine
+contract (engine.interface.Engine) is used here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Iterator, Optional
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 import engine
+from engine.interface import DEFAULT_VOICE, Engine, SttStream, TtsStream
 
 from .config import Config
 
@@ -22,7 +24,7 @@ log = logging.getLogger("parley.engine")
 
 
 class EngineHost:
-    def __init__(self, config: Config, speech_engine: Optional[Any] = None) -> None:
+    def __init__(self, config: Config, speech_engine: Optional[Engine] = None) -> None:
         """`speech_engine` replaces the one built from config (tests pass a small model's)."""
         self.config = config
         self.engine = speech_engine
@@ -33,9 +35,9 @@ class EngineHost:
             self.engine = await asyncio.to_thread(self._build)
         await asyncio.to_thread(self.engine.start)
         stats = self.engine.stats()
-        log.info("engine ready", extra={"device": str(self.engine.runtime.device), "max_streams": stats.max_streams})
+        log.info("engine ready", extra={"device": self.engine.device, "max_streams": stats.max_streams})
 
-    def _build(self) -> Any:
+    def _build(self) -> Engine:
         weights = Path(self.config.stt_weights) if self.config.stt_weights else None
         tts_weights = Path(self.config.tts_weights) if self.config.tts_weights else None
         return engine.SpeechEngine(self.config.stt_model, weights_path=weights, readers=self.config.stt_readers,
@@ -54,11 +56,11 @@ class EngineHost:
             return False, float(self.config.retry_after_s)
         return self.engine.admission()
 
-    def open_stt(self, session_id: str) -> Any:
+    def open_stt(self, session_id: str) -> SttStream:
         return self.engine.open_stt(session_id)
 
-    def open_tts(self, session_id: str) -> Any:
-        return self.engine.open_tts(session_id)
+    def open_tts(self, session_id: str, voice: str = DEFAULT_VOICE) -> TtsStream:
+        return self.engine.open_tts(session_id, voice)
 
     async def close(self) -> None:
         if self.engine is not None:
@@ -93,20 +95,10 @@ class EngineHost:
             yield GaugeMetricFamily("parley_engine_tts_first_audio_p95_seconds",
                                     "A reply's first text -> its first synthesized audio, p95 over recent replies",
                                     value=stats.ttfa_ms_p95 / 1000)
-        memory = gpu_memory_bytes(self.engine)
-        if memory is not None:
+        if stats.gpu_memory_bytes is not None:
             yield GaugeMetricFamily("parley_engine_gpu_memory_bytes", "CUDA memory allocated by the engine",
-                                    value=memory)
+                                    value=stats.gpu_memory_bytes)
 
 
 def _bound(upper: float) -> str:
     return "+Inf" if upper == float("inf") else repr(upper)
-
-
-def gpu_memory_bytes(speech_engine: Any) -> Optional[int]:
-    device = speech_engine.runtime.device
-    if device.type != "cuda":
-        return None
-    import torch
-
-    return int(torch.cuda.memory_allocated(device))

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
 
-from engine.interface import Audio, WordMark
+from engine.interface import Audio, TtsStream, WordMark
 
 from .dialog import PendingTurn, Turn
 from .events import BadClientMessage, EventChannel
@@ -133,7 +133,7 @@ class ReplyHost(Protocol):
 class Speaker:
     """Speaks one reply at a time into the pacer, and knows how much of it has played."""
 
-    def __init__(self, host: ReplyHost, open_tts: Callable[[], Any], pacer: PacedAudioTrack,
+    def __init__(self, host: ReplyHost, open_tts: Callable[[], TtsStream], pacer: PacedAudioTrack,
                  events: EventChannel) -> None:
         self.host = host
         self.open_tts = open_tts
@@ -142,7 +142,7 @@ class Speaker:
         self.reply: Optional[Reply] = None
         self.turns = 0  # replies started: each reply's `turn` number
         self.playout_delay_s: Optional[float] = None  # the page's latest browser_playout_ms, in s
-        self._tts: Any = None  # the current reply's TTS stream
+        self._tts: Optional[TtsStream] = None  # the current reply's TTS stream
         self._task: Optional[asyncio.Task] = None  # the current reply's responder -> playback task
         self._awaiting_playout: dict[int, float] = {}  # turn -> when its first frame was sent (monotonic)
 
@@ -228,7 +228,7 @@ class Speaker:
         self.host.spawn(self._play(reply, self._tts))
         return True
 
-    async def _play(self, reply: Reply, tts: Any) -> None:
+    async def _play(self, reply: Reply, tts: TtsStream) -> None:
         """TTS events -> the pacer (audio) and the reply's word marks."""
         try:
             async for event in tts.events():

@@ -8,7 +8,8 @@
 - tests never import bench/, and bench/ takes from tests/ only tests/kit/;
 - the gateway's domain core (gateway/dialog.py) is plain data: no storage, network or audio;
   responders take it from there, never from the session stores;
-- the HTTP edge (gateway/app.py) sits on top: the registry, metrics and the rest never import it.
+- the HTTP edge (gateway/app.py) sits on top: the registry, metrics and the rest never import it;
+- the gateway never reads an engine's `.runtime`: engine.interface.Engine is the whole contract.
 
 Static: the source is parsed, never imported, so a module's imports inside functions count too.
 """
@@ -200,3 +201,30 @@ def test_the_conversation_rooms_never_reach_back_into_the_state_machine():
     offenders = {str(p.relative_to(ROOT)): sorted(reaches(imported_names(p), "gateway.conversation"))
                  for p in rooms}
     assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def runtime_reads(path: Path) -> list[int]:
+    """Lines of `path` that read an attribute named `runtime` (x.runtime, getattr(x, "runtime"))."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "runtime":
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and dotted(node.func) in ("getattr", "hasattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value == "runtime"):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_gateway_never_reaches_past_the_engine_contract():
+    """The gateway uses an engine through engine.interface.Engine (admission, stats, device,
+    streams) and never reads its `.runtime`, whatever the engine is."""
+    offenders = {str(p.relative_to(ROOT)): runtime_reads(p) for p in python_files("gateway")}
+    assert {p: lines for p, lines in offenders.items() if lines} == {}
+
+
+def test_the_runtime_check_sees_both_spellings(tmp_path):
+    for source, caught in {"engine.runtime.device": True, "getattr(host.engine, 'runtime')": True,
+                           "self.engine.device": False, "engine.stats().ticks": False}.items():
+        path = tmp_path / "m.py"
+        path.write_text(source + "\n")
+        assert bool(runtime_reads(path)) is caught, source

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import runtime as runtime_module, weights
+from engine import weights
+from engine.runtime import stt_stream
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
@@ -159,7 +160,7 @@ def test_int8_batched_steps_stay_close_to_independent_ones():
 
 def test_large_batches_step_the_float_model(monkeypatch):
     """Where int8 stops paying (INT8_MAX_ROWS rows) the runtime steps the exact model."""
-    monkeypatch.setattr(runtime_module, "INT8_MAX_ROWS", {"torch": 1, "parley": 1})
+    monkeypatch.setattr(stt_stream, "INT8_MAX_ROWS", {"torch": 1, "parley": 1})
     model = small_model()
     runtime = Runtime(model, max_streams=1, device="cpu", precision="int8")
     logits = record_logits(runtime)
@@ -294,7 +295,7 @@ async def test_engine_thread_delivers_events_and_stops_cleanly():
     engine = SpeechEngine(model, device="cpu", max_streams=4, num_threads=1)
     assert isinstance(engine, Engine) and not engine.ready
     await asyncio.to_thread(engine.start)
-    assert engine.ready
+    assert engine.ready and engine.device == "cpu" and engine.stats().gpu_memory_bytes is None
     stream = engine.open_stt("caller")
     assert isinstance(stream, SttStream)
     for piece in chunks(audio, 320):  # faster than real time: the loop catches up per tick

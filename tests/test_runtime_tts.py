@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.interface import Audio, TtsStream, WordMark
+from engine.interface import DEFAULT_VOICE, TTS_VOICES, Audio, TtsStream, WordMark
 from engine.runtime import CapacityError, Runtime, SpeechEngine, StreamFailed
 from engine.stt import SttConfig, SttModel
 from engine.text import MAX_PENDING_CHARS
@@ -179,6 +179,19 @@ async def test_engine_thread_speaks_and_cancel_is_immediate(tts_model):
     stats = engine.stats()
     assert stats.ttfa_ms_p50 is not None and stats.state_bytes_per_stream <= 2 * 1024 * 1024
     await asyncio.to_thread(engine.close)
+
+
+def test_open_tts_honours_the_voice(tts_model):
+    """The engine has one voice, joe: "joe", "default" and "" name it; any other name is refused
+    with the voices to choose from, before a slot is taken."""
+    engine = SpeechEngine(stt_model(), tts_model=tts_model, device="cpu", max_streams=1, num_threads=1)
+    assert TTS_VOICES == ("joe",) and DEFAULT_VOICE == "joe"
+    for voice in ("joe", "default", ""):
+        engine.open_tts("caller", voice).cancel()
+    with pytest.raises(ValueError, match=r"unknown voice 'amy': choose one of joe"):
+        engine.open_tts("caller", "amy")
+    assert engine.runtime.tts.free_slots() == 1 and engine.device == "cpu"
+    engine.close()
 
 
 async def _collect(stream) -> list:
