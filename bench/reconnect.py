@@ -52,6 +52,7 @@ from tests.kit.talk import UTTERANCES, last_seq, next_event, say, silence, utter
 SECRET = "bench-reconnect-secret"
 STEP_TIMEOUT_S = 60.0  # a turn on a busy 2-core machine: recognizer, responder, voice
 SETTLE_S = 15.0  # for the keeper's writes behind to reach Redis at the end
+BUSY_RETRY_S = 1.0  # a resume refused with 503 (the engine's admission, on a loaded machine) is tried again
 POLL_S = 0.05
 
 
@@ -108,8 +109,7 @@ async def cycle(http: aiohttp.ClientSession, caller: Caller, session: Session, u
         caller.track.stop()  # gone quiet; the old node is still alive and must hand over
     session.absorb(caller, after=max((e["seq"] for e in session.seen), default=0))
     started = time.monotonic()
-    resumed = Caller(url, silence(0.0))
-    await resumed.call(http, resume_token=session.token, last_seq=claimed)
+    resumed, refusals = await resume(http, url, session.token, claimed)
     resume_ms = (await first_audio(resumed) - started) * 1000
     await resumed.wait_for_event("session.ready", STEP_TIMEOUT_S)
     session.token = resumed.response["resume_token"]
@@ -117,9 +117,28 @@ async def cycle(http: aiohttp.ClientSession, caller: Caller, session: Session, u
         await next_event(resumed, "response.audio.end", 0, STEP_TIMEOUT_S, turn=start["turn"])
     if not same_node:
         await caller.close()
-    return resumed, {"resume_ms": resume_ms, "kind": "same_node" if same_node else "cross_node",
+    return resumed, {"resume_ms": resume_ms, "refusals": refusals, "kind": "same_node" if same_node else "cross_node",
                      "mid_reply": mid_reply, "turn": start["turn"],
                      "resumed_reply": any(e["type"] == "response.resumed" for e in resumed.events)}
+
+
+async def resume(http: aiohttp.ClientSession, url: str, token: str, claimed: int) -> tuple[Caller, int]:
+    """POST /v1/calls with the resume token, as a client does: a 503 (engine busy: admission
+    refuses calls while the engine's ticks run late) is tried again shortly, up to the step
+    deadline. Returns the connected caller and how many times it was refused."""
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    refusals = 0
+    while True:
+        caller = Caller(url, silence(0.0))
+        try:
+            await caller.call(http, resume_token=token, last_seq=claimed)
+            return caller, refusals
+        except RuntimeError as exc:
+            await caller.close()
+            if "refused: 503" not in str(exc) or time.monotonic() > deadline:
+                raise
+            refusals += 1
+            await asyncio.sleep(BUSY_RETRY_S)
 
 
 def read_history(redis: RedisServer, session_id: str) -> tuple[list[dict], dict]:
@@ -211,6 +230,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "history": turns,
         "cut_off_replies_resumed": sum(row["resumed_reply"] for row in rows if row["mid_reply"]),
         "mid_reply_drops": sum(row["mid_reply"] for row in rows),
+        "resumes_refused_busy": sum(row["refusals"] for row in rows),
         "failures": failures,
         "settings": {"stt_model": args.stt_model, "responder": "echo"},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -222,6 +242,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 "the caller received more than once",
             "cross_node": "resume on the other node while the old node still drives the session (takeover)",
             "mid_reply": "dropped as soon as the reply's audio started; the reply must finish after the resume",
+            "resumes_refused_busy": "resume POSTs answered 503 engine_busy and tried again after 1 s (counted in "
+                                    "that cycle's resume_ms)",
         },
     }
 

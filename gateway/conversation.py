@@ -39,7 +39,9 @@ leave the call deaf or wedged. A failed recognizer stream is replaced (`stt_fail
 in progress is lost, so the caller is asked to say it again); one that cannot be, or keeps
 failing, ends the call with a spoken goodbye (reason `stt_failed`). A reply whose voice fails
 (its TTS stream breaks, or none can be opened: `tts_failed`) ends there, like a barge-in: the
-history keeps the words heard, and the caller has the floor again.
+history keeps the words heard, and the caller has the floor again. A stream fails alone (its
+own text), so a new one normally speaks: the caller hears a short apology in it, once (an
+apology that loses its voice too is not apologised for).
 
 Logs carry transcript text only with `privacy_log_content`; otherwise a turn's log line
 has its word count alone.
@@ -88,6 +90,7 @@ IDLE_GOODBYE = "I haven't heard from you, so I'll end the call now. Goodbye."
 STT_APOLOGY = "Sorry, I missed that. Could you say it again?"
 TRANSFER_FAILED = "Sorry, I couldn't connect you just now. I'm still here: how else can I help?"
 STT_GOODBYE = "Sorry, I can't hear you anymore, so I'll end the call now. Please call again."
+TTS_APOLOGY = "Sorry, I was cut off. Could you ask me that again?"
 # A recognizer stream fails alone (its own audio or decoding), so a new one normally works; one
 # that fails again and again is the engine failing, and the call ends rather than retry forever.
 STT_REOPENS = 3
@@ -107,10 +110,11 @@ class Conversation:
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
                  speculate_after_s: Optional[float] = SPECULATE_AFTER_S,
                  recording: Optional[CallRecording] = None, reopen_stt: Optional[Callable[[], SttStream]] = None,
-                 log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None) -> None:
+                 last_turn: int = 0, log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None) -> None:
         self.stt = stt
         self.reopen_stt = reopen_stt  # a new recognizer stream for this call (None: a failed one ends the call)
         self._stt_failures = 0
+        self._tts_apology: Optional[Reply] = None  # the apology for a reply that lost its voice, while it lasts
         self.log_content = log_content  # privacy_log_content: transcript text may go to the logs
         self.log = logger or log
         self.recording = recording
@@ -128,7 +132,7 @@ class Conversation:
         self._tasks: set[asyncio.Task] = set()
         self._speech_end: Optional[float] = None
         self.echo = EchoSuppressor()
-        self.speaker = Speaker(self, open_tts, pacer, events)
+        self.speaker = Speaker(self, open_tts, pacer, events, turns=last_turn)  # (numbering goes on after a resume)
         self.barge_in = BargeIn(self.speaker, pacer, events, self.echo, speaking=lambda: self.state == "speaking",
                                 spawn=self.spawn)
         pacer.on_sent = self._on_sent
@@ -398,15 +402,17 @@ class Conversation:
         else:
             self.say(IDLE_GOODBYE, hang_up="idle")
 
-    def say(self, text: str, hang_up: Optional[str] = None) -> None:
+    def say(self, text: str, hang_up: Optional[str] = None) -> Reply:
         """Speak `text` now, on Parley's own initiative (not the responder's): an idle prompt,
         a notice; it is a reply like any other (barge-in, history, metrics)."""
         async def deltas() -> AsyncIterator[Any]:
             yield text
 
         self._start_reply(StageTimes(), deltas=deltas())
+        reply = self.reply
         if hang_up:  # (an action of the reply from the start: it is performed even if the voice fails)
-            self.reply.actions.append(_HangUp(hang_up))
+            reply.actions.append(_HangUp(hang_up))
+        return reply
 
     # -- Parley's side: replies, through the Speaker ------------------------------------------
 
@@ -424,7 +430,7 @@ class Conversation:
             self.record(Turn("assistant", pending.text, heard_text=pending.heard_text))
             self.save_progress(None)
             return
-        self.speaker.resume(pending.text, heard_words)
+        self.speaker.resume(pending.text, heard_words, pending.turn)
 
     def _cancel_reply(self) -> None:
         self.barge_in.end_pause()
@@ -451,6 +457,10 @@ class Conversation:
         self._last_activity = time.monotonic()
         for action in reply.actions:  # what the reply was to do after its text still happens (a hang-up)
             self.spawn(self._perform(action))
+        if not reply.actions and reply is not self._tts_apology:
+            # Silence after half a sentence leaves the caller guessing; a new stream normally
+            # speaks (one that fails too gets no apology of its own: no loop on a dead voice).
+            self._tts_apology = self.say(TTS_APOLOGY)
 
     def save_progress(self, pending: Optional[PendingTurn]) -> None:
         """Record the reply in progress (or none) in the session."""

@@ -27,6 +27,7 @@ class PendingTurn:
     text: str
     played_ms: int = 0
     heard_text: str = ""  # the words played so far: a resumed session continues after them
+    turn: int = 0  # its `turn` in the events (a resumed session goes on under the same number; 0: unknown)
 
 
 History = list[Turn]  # oldest first; what a responder is given to answer the last user turn

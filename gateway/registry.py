@@ -154,6 +154,7 @@ class CallRegistry:
 
         def saved() -> None:  # called only after construction, so `conversation` is bound
             record.in_progress = conversation.in_progress
+            record.last_turn = conversation.speaker.turns
             self.keeper.save(record.session_id)
 
         conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),
@@ -163,6 +164,7 @@ class CallRegistry:
                                     idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
                                     max_turn_s=self.config.max_turn_s, recording=self._recording(record.session_id),
                                     reopen_stt=lambda: self.engine.open_stt(record.session_id),
+                                    last_turn=record.last_turn,
                                     log_content=self.config.privacy_log_content,
                                     logger=CallLogger(logging.getLogger("parley.conversation"),
                                                       {"session_id": record.session_id}))

@@ -134,13 +134,15 @@ class Speaker:
     """Speaks one reply at a time into the pacer, and knows how much of it has played."""
 
     def __init__(self, host: ReplyHost, open_tts: Callable[[], TtsStream], pacer: PacedAudioTrack,
-                 events: EventChannel) -> None:
+                 events: EventChannel, turns: int = 0) -> None:
         self.host = host
         self.open_tts = open_tts
         self.pacer = pacer
         self.events = events
         self.reply: Optional[Reply] = None
-        self.turns = 0  # replies started: each reply's `turn` number
+        # The last reply's `turn` number. It goes on across a resume (the session keeps it), so a
+        # client never sees one number name two replies, and a resumed reply keeps its own.
+        self.turns = turns
         self.playout_delay_s: Optional[float] = None  # the page's latest browser_playout_ms, in s
         self._tts: Optional[TtsStream] = None  # the current reply's TTS stream
         self._task: Optional[asyncio.Task] = None  # the current reply's responder -> playback task
@@ -155,9 +157,10 @@ class Speaker:
         self._task = self.host.spawn(self._produce(reply, deltas))
         return reply
 
-    def resume(self, text: str, heard_words: int) -> None:
-        """Speak the rest of a reply cut off by a dropped connection, from its first unheard word."""
-        reply = self._new_reply(text=text, responder_done=True, skipped_words=heard_words)
+    def resume(self, text: str, heard_words: int, turn: int = 0) -> None:
+        """Speak the rest of a reply cut off by a dropped connection, from its first unheard word,
+        under its own `turn` number (0: unknown, a new one)."""
+        reply = self._new_reply(text=text, responder_done=True, skipped_words=heard_words, turn=turn)
         self.events.emit("response.resumed", turn=reply.turn, from_word=heard_words)
         if not self._open_voice(reply):
             return
@@ -165,9 +168,9 @@ class Speaker:
         self._tts.end()
         self._task = self.host.spawn(self._finish(reply))
 
-    def _new_reply(self, **fields: Any) -> Reply:
-        self.turns += 1
-        reply = self.reply = Reply(self.turns, **fields)
+    def _new_reply(self, turn: int = 0, **fields: Any) -> Reply:
+        self.turns = max(self.turns, turn) if turn else self.turns + 1
+        reply = self.reply = Reply(turn or self.turns, **fields)
         self.host.reply_started(reply)
         return reply
 
@@ -214,7 +217,7 @@ class Speaker:
             self.host.save_progress(None)
         else:
             heard, played_ms = reply.heard(self.pacer)
-            self.host.save_progress(PendingTurn(reply.text, played_ms, heard))
+            self.host.save_progress(PendingTurn(reply.text, played_ms, heard, turn=reply.turn))
 
     # -- its voice -------------------------------------------------------------------------------
 

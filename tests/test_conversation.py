@@ -22,7 +22,7 @@ import pytest
 from engine import CapacityError, StreamFailed
 from engine.interface import Audio, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, WordMark
 from gateway.barge_in import FALSE_INTERRUPTION_S, MAX_PAUSE_S
-from gateway.conversation import Conversation
+from gateway.conversation import TTS_APOLOGY, Conversation
 from gateway.events import EventChannel
 from gateway.pacer import PacedAudioTrack
 from gateway.responders import EchoResponder, Handoff, Responder
@@ -471,6 +471,33 @@ async def test_a_reconnected_caller_hears_the_rest_of_the_cut_off_reply(harness)
     assert second.conversation.in_progress is None
 
 
+async def test_turn_numbers_go_on_across_a_resume(harness):
+    """A resumed session numbers its replies on from the last one (the session record keeps
+    it), and the reply cut off by the drop goes on under its own number: one `turn` never names
+    two replies. (Numbering from 1 again, bench/reconnect.py waited for a resumed reply's end
+    by its turn, got the idle goodbye's, and spoke into a call that was ending.)"""
+    first = harness(EchoResponder())
+    first.say("hello")
+    assert (await first.wait_for("response.audio.end"))["turn"] == 1
+    first.say(LONG)
+    await first.wait_until(lambda: first.conversation.reply is not None and first.conversation.reply.turn == 2,
+                           "the second reply")
+    await first.wait_played(3 * WORD_S)
+    await asyncio.sleep(0.3)  # a progress save happens every 0.25 s while the reply plays
+    pending, last_turn = first.conversation.in_progress, first.conversation.speaker.turns
+    assert pending is not None and pending.turn == 2 and last_turn == 2
+    await first.close()  # the connection drops mid-reply
+
+    second = harness(EchoResponder(), history=list(first.conversation.history), pending=pending,
+                     last_turn=last_turn)
+    second.start()
+    assert (await second.wait_for("response.resumed"))["turn"] == 2
+    assert (await second.wait_for("response.audio.end"))["turn"] == 2
+    second.say("again")
+    reply = await second.wait_for("response.text.delta")
+    assert reply["turn"] == 3 and (await second.wait_for("response.audio.end", count=2))["turn"] == 3
+
+
 async def test_resume_mode_drop_records_the_reply_as_cut_short(harness):
     from gateway.dialog import PendingTurn
 
@@ -628,13 +655,16 @@ async def test_a_voice_failing_mid_reply_ends_the_reply_and_gives_the_caller_the
     h.say(LONG)
     error = await h.wait_for("error")
     assert error["code"] == "tts_failed" and error["turn"] == 1
+    # A new stream speaks a short apology (the caller is not left with half a sentence and silence).
+    end = await h.wait_for("response.audio.end")
+    assert end["turn"] == 2 and "cut off" in texts(h)
     await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
-    user, assistant = h.conversation.history[-2:]
+    user, assistant, apology = h.conversation.history[-3:]
     assert user == Turn("user", LONG)
     assert assistant.role == "assistant" and assistant.text.startswith("You said: one")
     heard = assistant.heard_text.split()
     assert heard == assistant.text.split()[:len(heard)] and len(heard) <= 3, "only what was played before the failure"
-    assert "response.audio.end" not in h.types()
+    assert apology == Turn("assistant", TTS_APOLOGY, heard_text=TTS_APOLOGY)
     # Listening again, the idle watchdog runs: a silent caller is asked, in a voice that works.
     await h.wait_until(lambda: "still there" in texts(h), "the idle prompt")
     await h.wait_for("response.audio.end")
@@ -654,10 +684,12 @@ async def test_no_free_voice_for_a_reply_ends_it_instead_of_wedging_the_call(har
     h.say("hello there")
     error = await h.wait_for("error")
     assert error["code"] == "tts_failed" and error["turn"] == 1
+    await h.wait_for("response.audio.end")  # the apology, in the voice that was free again
     await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
-    assert h.conversation.history == [Turn("user", "hi"), Turn("user", "hello there")]
+    assert h.conversation.history == [Turn("user", "hi"), Turn("user", "hello there"),
+                                      Turn("assistant", TTS_APOLOGY, heard_text=TTS_APOLOGY)]
     h.say("are you there")
-    await h.wait_for("response.audio.end")
+    await h.wait_for("response.audio.end", count=2)
     assert h.conversation.history[-1].heard_text == "You said: are you there"
 
 
@@ -673,7 +705,10 @@ async def test_a_resumed_reply_with_no_free_voice_is_recorded_as_cut_short(harne
     h.start()
     error = await h.wait_for("error")
     assert error["code"] == "tts_failed"
+    await h.wait_for("error", count=2)  # its apology found no voice either: no third try, no loop
     await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    await asyncio.sleep(0.2)
+    assert len([e for e in h.sent if e["type"] == "error"]) == 2
     assert h.conversation.history[-1] == Turn("assistant", pending.text, heard_text="Your order ships")
     assert h.conversation.in_progress is None
 

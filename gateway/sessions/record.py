@@ -78,6 +78,7 @@ class SessionRecord:
     history: list[Turn] = field(default_factory=list)
     in_progress: Optional[PendingTurn] = None
     last_event_seq: int = 0  # the last event seq sent to the client
+    last_turn: int = 0  # the last reply's `turn` number: a resumed session numbers its replies on from it
     created_at: float = 0.0  # Unix seconds
     updated_at: float = 0.0  # Unix seconds
     version: int = 0  # bumped by every successful update
