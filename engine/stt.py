@@ -8,7 +8,7 @@ One model, one fixed-size state per stream: `forward` runs a whole utterance (tr
 offline), `step` runs one 40 ms frame (streaming); both give the same outputs.
 `StreamDecoder` turns one stream's per-frame outputs into the engine's events (Partial,
 Final with word times, SpeechLikely, SpeechStart, EndOfTurn); `Recognizer` is the single-stream path
-around it, engine/runtime.py the batched one. Partials and the Final come from the prefix beam
+around it, engine/runtime/ the batched one. Partials and the Final come from the prefix beam
 search with the word language model (engine/beam.py, engine/lm.py), which cut held-out WER
 from 0.61 to 0.37 (MODEL_CARD.md); greedy CTC still decides when speech starts, and fills a
 partial while the beam has no word yet (the first letter is what a barge-in pauses on).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -295,6 +295,9 @@ class StreamDecoder:
         self._ended_words: list[str] = []  # the last turn's words and the frame its end was claimed,
         self._ended_frame = -CONTINUATION_FRAMES  # for speech that resumes soon after (CONTINUATION_FRAMES)
         self._resumed_words: list[str] = []  # what this turn continues, for the turn table
+        # Where the turn table reads the turn's words instead of this decoder's own (a better
+        # recognizer's latest reading of the turn: engine/whisper_stream.py TurnReader.table_words)
+        self.words_source: Optional[Callable[[], Sequence[str]]] = None
 
     def on_frame(self, token: int, eot: Sequence[float], candidates: Sequence[tuple[int, float]] = ()) -> list[SttEvent]:
         """One frame: its best token, end-of-turn probabilities and (for the beam search) the
@@ -349,6 +352,8 @@ class StreamDecoder:
     def text_log_odds(self, greedy: str) -> float:
         """The turn table's log odds that the words so far finish a turn (needs a table), after
         the words of a turn that ended just before this one began (CONTINUATION_FRAMES)."""
+        if self.words_source is not None:
+            return _log_odds(self.turns.probability(list(self.words_source())))
         # With the beam, the latest partial (its best, refreshed every other frame) spares a ranking.
         words = (greedy if self.beam is None else self._last_partial or greedy).split()
         return _log_odds(self.turns.probability(self._resumed_words + words))
@@ -391,7 +396,7 @@ def _log_odds(p: float) -> float:
 class Recognizer:
     """One caller's streaming recognition: audio in, engine events out (single-stream path).
 
-    The batched runtime (engine/runtime.py) drives many streams through SttModel.step at
+    The batched runtime (engine/runtime/) drives many streams through SttModel.step at
     once with the same StreamDecoder; this class is the reference behaviour for one stream,
     and what tests and the bench CLI use. precision: see streaming_model() ("float" steps
     exactly as `forward` computes; the CPU default steps with int8 matrices, 3x faster).

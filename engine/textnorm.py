@@ -194,7 +194,7 @@ MONTH_DAY = re.compile(r"\b(" + "|".join(mo.capitalize() for mo in MONTHS) + r")
 ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
 PERCENT = re.compile(r"\b(\d+(?:\.\d+)?)\s?%")
 MIXED_ID = re.compile(r"\b(?=[A-Za-z-]*\d)(?=[\d-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*\b")  # AB1234, 4B, X-9
-NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # "737-8": a dash, not a minus
 
 
 def read_forms(text: str, say_letter: SayLetter = str.upper) -> str:

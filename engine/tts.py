@@ -13,7 +13,7 @@ encoder is causal with a few ids of lookahead, so speech starts on the first sta
 Only the encoder is Parley's (distilled from Piper on CPU, engine/train/train_tts.py); the
 acoustics are the pretrained voice's. A stream's bookkeeping (`Schedule`) is kept apart from
 its model state, and `encode_ids` / `render` work on explicit state and any batch, so the
-batched runtime (engine/runtime.py, TtsStepper) renders every stream's chunk in one call.
+batched runtime (engine/runtime/tts_stream.py, TtsStepper) renders every stream's chunk in one call.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ class Synthesizer:
     frames (up to CHUNK_FRAMES, doubling from FIRST_CHUNK_FRAMES) and returns the events.
     Fixed-size model state: the encoder's SSM state and lookahead history, plus the Schedule's
     frames (bounded by the pending text). The gateway's streams run on the batched runtime
-    (engine/runtime.py) instead; this is the reference it is tested against, and what offline
+    (engine/runtime/) instead; this is the reference it is tested against, and what offline
     synthesis and the benchmarks use.
     """
 
