@@ -126,8 +126,8 @@ class Chunk:
     frames: int
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return self.window.shape[1], self.offset
+    def shape(self) -> tuple[int, int, int]:
+        return self.window.shape[1], self.offset, self.frames
 
 
 class Schedule:
@@ -280,8 +280,7 @@ def render(chunks: list[Chunk], threads: int = 1) -> list[np.ndarray]:
     """Chunks of any streams, all of one shape, through Piper's flow and decoder in one call ->
     each chunk's float audio [frames * HOP]."""
     windows = np.stack([chunk.window for chunk in chunks])
-    audio = piper.frame_renderer(threads)(windows)
-    return [row[c.offset * HOP:(c.offset + c.frames) * HOP] for row, c in zip(audio, chunks)]
+    return list(piper.frame_renderer(threads)(windows, chunks[0].offset, chunks[0].frames))
 
 
 # -- one stream --------------------------------------------------------------------------------

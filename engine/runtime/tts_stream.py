@@ -261,7 +261,7 @@ class TtsStepper(SlotTable):
         self._zero_fresh(streams)
         for stream in streams:
             self._encode_text(stream)
-        shapes: dict[tuple[int, int], RenderBatch] = {}
+        shapes: dict[tuple[int, int, int], RenderBatch] = {}
         now = time.perf_counter()
         for stream in streams:
             if stream.closed or stream.rendering:
