@@ -139,7 +139,8 @@ class RenderWorker:
     than a tick, so the tick (STT frames, text encoding) hands batches over instead of waiting.
     onnxruntime computes without the GIL, so the two run side by side on two cores.
 
-    Batches run oldest first; `done(batch, pcm or exception)` is called on this thread."""
+    Batches run oldest first, a reply's first chunk ahead of the rest; `done(batch, pcm or
+    exception)` is called on this thread."""
 
     def __init__(self, done: Callable[[RenderBatch, "list[np.ndarray] | BaseException"], None]) -> None:
         self._done = done
@@ -150,9 +151,14 @@ class RenderWorker:
         self._thread = threading.Thread(target=self._run, name="tts-render", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: RenderBatch) -> None:
+    def submit(self, batch: RenderBatch, first: bool = False) -> None:
+        """Queue a batch; `first` (a reply's first audio) goes ahead of the others' next chunks,
+        which have a lead to play from."""
         with self._ready:
-            self._queue.append(batch)
+            if first:
+                self._queue.appendleft(batch)
+            else:
+                self._queue.append(batch)
             self._ready.notify()
 
     def busy_share(self, now: float) -> float:
@@ -280,7 +286,7 @@ class TtsStepper(SlotTable):
             else:
                 for stream, _, _ in batch:
                     stream.rendering = True
-                self.worker.submit(batch)
+                self.worker.submit(batch, first=any(stream.playout_origin is None for stream, _, _ in batch))
         for stream in streams:
             if not stream.closed and not stream.rendering and stream.schedule.done and not stream.has_text():
                 self.release(stream)
