@@ -151,6 +151,7 @@ class Registration:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.registered.is_set():  # unregister, so the PBX stops sending calls here
+            self.registered.clear()  # (once: a second stop() does not unregister again)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.register(0), 2.0)
 

@@ -55,20 +55,37 @@ def scenario(name: str, out_dir: Path, **values: object) -> Path:
 
 
 async def run_sipp(scenario_path: Path, sip_port: int, calls: int = 1, rate: int = 10,
-                   media_port: int = 26000, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+                   media_port: int = 26000, extra: tuple[str, ...] = (),
+                   local_ip: str = "127.0.0.1") -> tuple[int, str]:
     """Run SIPp against 127.0.0.1:sip_port until its calls end; (exit status, output).
-    SIPp exits 0 only when every call followed the scenario."""
+    SIPp exits 0 only when every call followed the scenario. `local_ip` is the address SIPp
+    sends from (127.0.0.2 is another source on the loopback)."""
+    return await _sipp(scenario_path, f"127.0.0.1:{sip_port}", "-m", str(calls), "-l", str(calls), "-r", str(rate),
+                       "-i", local_ip, "-p", "0", "-mp", str(media_port), *extra)
+
+
+async def serve_sipp(scenario_path: Path, sip_port: int, calls: int = 1, local_ip: str = "127.0.0.1",
+                     extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run SIPp as a server (a registrar, a PBX) on local_ip:sip_port until `calls` calls
+    (dialogs or registrations, by Call-ID) followed the scenario or failed."""
+    return await _sipp(scenario_path, "-m", str(calls), "-i", local_ip, "-p", str(sip_port), *extra)
+
+
+async def _sipp(scenario_path: Path, *args: str) -> tuple[int, str]:
+    errors = scenario_path.with_suffix(".errors.log")
     proc = await asyncio.create_subprocess_exec(
-        SIPP, f"127.0.0.1:{sip_port}", "-sf", str(scenario_path), "-m", str(calls), "-l", str(calls),
-        "-r", str(rate), "-i", "127.0.0.1", "-p", "0", "-mp", str(media_port), "-nostdin", "-trace_err",
-        "-error_file", str(scenario_path.with_suffix(".errors.log")), *extra,
+        SIPP, "-sf", str(scenario_path), *args, "-nostdin", "-trace_err", "-error_file", str(errors),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=scenario_path.parent)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), SIPP_DEADLINE_S)
     except asyncio.TimeoutError:
         proc.kill()
         out, _ = await proc.communicate()
-    errors = scenario_path.with_suffix(".errors.log")
+    except asyncio.CancelledError:  # the test gave up on it: leave no SIPp behind
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
     detail = errors.read_text()[-3000:] if errors.exists() else ""
     return proc.returncode, out.decode(errors="replace")[-3000:] + detail
 
