@@ -10,7 +10,11 @@ With API keys:
   names (403 origin_not_allowed otherwise); a server may use its API key instead of a token,
   unbound to any origin; a resume is admitted by its resume token, which the gateway gave the
   call it resumes (so a reconnect works after the call token has expired);
-- calls are rate limited per token and per client IP (429 with Retry-After).
+- calls are rate limited per token and per client IP (429 with Retry-After); behind reverse
+  proxies listed in trusted_proxies, the client IP is read from X-Forwarded-For
+  (gateway/client_ip.py), never otherwise;
+- a token may name a flow (one of the `flows` setting's names, checked when it is issued):
+  the call it places runs that scripted flow, and so does every resume of its session.
 
 CORS: browsers may call the signaling API only from allowed_origins (open mode without
 any: from anywhere). Preflights from other origins get 403 origin_not_allowed; the static
@@ -28,6 +32,7 @@ from aiohttp import web
 
 from . import call_tokens
 from .api_keys import ApiKeys
+from .client_ip import client_address, parse_networks
 from .config import Config
 from .errors import ApiError, error_response
 from .rate_limit import RateLimiter
@@ -58,6 +63,8 @@ class CallAccess:
         self.allowed_origins = tuple(call_tokens.normalize_origin(o) for o in config.allowed_origins)
         self.per_token = RateLimiter(config.rate_limit_per_token)
         self.per_ip = RateLimiter(config.rate_limit_per_ip)
+        self.trusted_proxies = parse_networks(config.trusted_proxies)
+        self.flows = config.named_flows()
 
     @property
     def open(self) -> bool:
@@ -123,19 +130,24 @@ class CallAccess:
 
     # -- placing calls ----------------------------------------------------------------------
 
-    def admit_call(self, request: web.Request, resuming: bool) -> None:
-        """Raise ApiError unless this request may place a call (a resume's token was checked already)."""
+    def client_ip(self, request: web.Request) -> str:
+        """The caller's address: the peer's, or X-Forwarded-For's behind a trusted proxy."""
+        return client_address(request.remote, request.headers.getall("X-Forwarded-For", []), self.trusted_proxies)
+
+    def admit_call(self, request: web.Request, resuming: bool) -> Optional[str]:
+        """The flow the call is to run (None: the default), or ApiError unless this request may
+        place a call (a resume's token was checked already; its session keeps its flow)."""
         if self.open:
-            return
-        self._limit(self.per_ip, f"ip:{request.remote}", "too many calls from this address")
+            return None
+        self._limit(self.per_ip, f"ip:{self.client_ip(request)}", "too many calls from this address")
         if resuming:
-            return
+            return None
         credential = bearer(request)
         if credential is None:
             raise ApiError(401, "unauthorized", "this gateway needs a call token: Authorization: Bearer <token> "
                                                 "(a site gets one from POST /v1/tokens)", {"WWW-Authenticate": "Bearer"})
         if self.keys.accepts(credential):
-            return  # a server with the key itself, bound to no origin
+            return None  # a server with the key itself, bound to no origin
         try:
             grant = call_tokens.verify(credential, self.config.secret)
         except call_tokens.CallTokenError as exc:
@@ -144,7 +156,11 @@ class CallAccess:
         if not grant.allows_origin(origin):
             where = f"pages on {origin}" if origin else "requests without an Origin header"
             raise ApiError(403, "origin_not_allowed", f"this call token is not valid for {where}")
+        if grant.flow is not None and grant.flow not in self.flows:  # issued by a node configured otherwise
+            raise ApiError(403, "unknown_flow", f"this call token names the flow {grant.flow!r}, "
+                                                f"which this gateway does not offer ({self._flows_offered()})")
         self._limit(self.per_token, f"token:{grant.token_id}", "too many calls with this token")
+        return grant.flow
 
     def _limit(self, limiter: RateLimiter, key: str, message: str) -> None:
         wait_s = limiter.take(key)
@@ -201,4 +217,12 @@ class CallAccess:
         flow = payload.get("flow")
         if flow is not None and (not isinstance(flow, str) or not call_tokens.FLOW_PATTERN.fullmatch(flow)):
             raise ApiError(400, "invalid_flow", "'flow' must be 1-64 letters, digits, '_', '.' or '-'")
+        if flow is not None and flow not in self.flows:
+            raise ApiError(400, "unknown_flow", f"'flow': {flow!r} is not a flow this gateway offers "
+                                                f"({self._flows_offered()})")
         return normalized, ttl_s, flow
+
+    def _flows_offered(self) -> str:
+        if not self.flows:
+            return "it offers none: its operator names flows in the flows setting, PARLEY_FLOWS=NAME=FILE"
+        return "flows: " + ", ".join(sorted(self.flows))

@@ -144,7 +144,7 @@ def last_seq_of(payload: dict[str, Any]) -> int:
 
 
 async def answer_offer(request: web.Request, offer_sdp: str, session_id: Optional[str] = None,
-                       last_seq: int = 0) -> tuple[Call, str]:
+                       last_seq: int = 0, flow: Optional[str] = None) -> tuple[Call, str]:
     registry = request.app[CALLS_KEY]
     if registry.draining:
         peer = await registry.nodes.ready_peer(registry.config.node_id)
@@ -153,7 +153,7 @@ async def answer_offer(request: web.Request, offer_sdp: str, session_id: Optiona
         raise ApiError(503, "draining", "this node is draining", {"Retry-After": str(registry.config.retry_after_s)})
     registry.reserve()
     try:
-        return await registry.open(offer_sdp, session_id, last_seq)
+        return await registry.open(offer_sdp, session_id, last_seq, flow=flow)
     except SdpError as exc:
         raise ApiError(400, "invalid_sdp", str(exc)) from None
 
@@ -164,8 +164,8 @@ async def create_call(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     payload = parse_offer_json(await read_body(request, "application/json"))
     session_id = resumed_session(payload, config)
-    request.app[ACCESS_KEY].admit_call(request, resuming=session_id is not None)
-    call, answer = await answer_offer(request, payload["sdp"], session_id, last_seq_of(payload))
+    flow = request.app[ACCESS_KEY].admit_call(request, resuming=session_id is not None)
+    call, answer = await answer_offer(request, payload["sdp"], session_id, last_seq_of(payload), flow)
     location = f"/v1/calls/{call.call_id}"
     body = {
         "call_id": call.call_id,
@@ -180,8 +180,8 @@ async def create_call(request: web.Request) -> web.Response:
 
 async def create_whip(request: web.Request) -> web.Response:
     offer = decode_text(await read_body(request, "application/sdp"))
-    request.app[ACCESS_KEY].admit_call(request, resuming=False)
-    call, answer = await answer_offer(request, offer)
+    flow = request.app[ACCESS_KEY].admit_call(request, resuming=False)
+    call, answer = await answer_offer(request, offer, flow=flow)
     headers = {"Location": f"/v1/whip/{call.call_id}", "Content-Type": "application/sdp"}
     return web.Response(status=201, text=answer, headers=headers, content_type=None)
 

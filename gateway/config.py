@@ -73,6 +73,7 @@ class Config:
     new_calls_without_redis: str = "accept"  # while Redis is down: accept (sessions written when it returns) or reject (503)
     responder: str = "scripted"  # who decides what to say: scripted (flow file) | echo | openai | webhook
     flow_file: str = ""  # scripted: YAML flow; empty = the shipped contact-center demo (gateway/responders/flows/)
+    flows: list[str] = field(default_factory=list)  # scripted: NAME=FILE flows a call token may name ("flow": NAME); calls without one run flow_file
     openai_base_url: str = ""  # openai: an OpenAI-compatible API, e.g. https://api.openai.com/v1, http://localhost:8000/v1
     openai_model: str = ""  # openai: the model name the endpoint expects
     openai_api_key: str = ""  # openai: sent as a Bearer token; never printed or logged
@@ -87,6 +88,7 @@ class Config:
     call_token_max_ttl_s: int = 3600  # the longest ttl_s POST /v1/tokens grants
     rate_limit_per_token: int = 10  # with API keys: calls per minute one call token may place; 0 = no limit
     rate_limit_per_ip: int = 30  # with API keys: calls per minute from one client IP; 0 = no limit
+    trusted_proxies: list[str] = field(default_factory=list)  # CIDRs of reverse proxies whose X-Forwarded-For names the client (per-IP limits); empty = the direct peer is the client
     sip_port: int = 0  # SIP user agent on this UDP port (5060); 0 = off (docs/sip.md)
     sip_host: str = ""  # address the SIP and RTP sockets bind to; empty = host
     sip_address: str = ""  # address put in Contact and SDP (a public or NAT address); empty = the local one that reaches the caller
@@ -188,6 +190,12 @@ class Config:
             raise ConfigError(f"call_token_max_ttl_s: {self.call_token_max_ttl_s} must be at least 1")
         if self.rate_limit_per_token < 0 or self.rate_limit_per_ip < 0:
             raise ConfigError("rate_limit_per_token and rate_limit_per_ip must not be negative (0: no limit)")
+        from .client_ip import parse_networks
+
+        try:
+            parse_networks(self.trusted_proxies)
+        except ValueError as exc:
+            raise ConfigError(f"trusted_proxies: {exc}") from None
 
     def _validate_responder(self) -> None:
         if self.responder not in RESPONDERS:
@@ -210,6 +218,30 @@ class Config:
                 cached_flow(self.flow_file or DEFAULT_FLOW)
             except FlowError as exc:
                 raise ConfigError(f"flow_file: {exc}") from None
+        if self.flows and self.responder != "scripted":
+            raise ConfigError(f"flows: named flows are scripted flows; responder is {self.responder!r} "
+                              "(set responder scripted, or leave flows empty)")
+        for name, path in self.named_flows().items():
+            try:
+                cached_flow(path)
+            except FlowError as exc:
+                raise ConfigError(f"flows: {name}: {exc}") from None
+
+    def named_flows(self) -> dict[str, str]:
+        """The `flows` setting as {name: flow file}; ConfigError for a malformed entry."""
+        from .call_tokens import FLOW_PATTERN
+
+        named: dict[str, str] = {}
+        for entry in self.flows:
+            name, sep, path = (part.strip() for part in entry.partition("="))
+            if not sep or not path:
+                raise ConfigError(f"flows: {entry!r} is not NAME=FILE (e.g. orders=/etc/parley/orders.yaml)")
+            if not FLOW_PATTERN.fullmatch(name):
+                raise ConfigError(f"flows: {name!r} is not a flow name (1-64 letters, digits, '_', '.' or '-')")
+            if name in named:
+                raise ConfigError(f"flows: {name!r} is named twice")
+            named[name] = path
+        return named
 
     def masked(self) -> dict[str, Any]:
         """The settings as printed at start: secrets masked."""

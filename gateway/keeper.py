@@ -21,7 +21,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Deque, Optional
+from typing import Any, Awaitable, Callable, Deque, Optional
 
 from .sessions import (MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, SessionNotFound, SessionRecord, SessionStore,
                        StoreUnavailable, TakeoverRequested, event_seq, new_record)
@@ -88,10 +88,10 @@ class SessionKeeper:
 
     # -- opening and ending a session ------------------------------------------------------------
 
-    async def open_new(self, session_id: str) -> LiveSession:
-        """A fresh session driven by this node. StoreUnavailable when the store is away and
-        new sessions must not start without it."""
-        session = LiveSession(new_record(session_id, None))
+    async def open_new(self, session_id: str, settings: Optional[dict[str, Any]] = None) -> LiveSession:
+        """A fresh session driven by this node, with these settings (its named flow). StoreUnavailable
+        when the store is away and new sessions must not start without it."""
+        session = LiveSession(new_record(session_id, settings))
         try:
             await self.store.put(session.record, [])
             await self.store.acquire_lease(session_id, self.node_id, self.lease_ttl_s)

@@ -28,8 +28,8 @@ from .loop_monitor import LoopLagMonitor
 from .metrics import Metrics
 from .nodes import NodeRegistry, NodeStatus
 from .recording import CallRecording
-from .responders import make_responder
-from .sessions import SessionNotFound, StoreUnavailable, open_store
+from .responders import Responder, make_responder
+from .sessions import SessionNotFound, SessionRecord, StoreUnavailable, open_store
 from .transcribe import Transcribe
 
 log = logging.getLogger("parley.app")  # (the name operators' log filters already use for drain lines)
@@ -84,12 +84,14 @@ class CallRegistry:
         self._reserved += 1
 
     async def open(self, offer_sdp: str, session_id: Optional[str], last_seq: int,
-                   make_call: Callable[..., Any] = Call) -> tuple[Call, str]:
+                   make_call: Callable[..., Any] = Call, flow: Optional[str] = None) -> tuple[Call, str]:
         """Answer an offer for a new session (session_id None) or a resumed one; the caller
         must have reserved a slot, which this releases. `make_call` builds the call (a SIP
-        call's class, gateway/sip/call.py, takes Call's arguments and answers G.711 SDP)."""
+        call's class, gateway/sip/call.py, takes Call's arguments and answers G.711 SDP).
+        `flow`: a new session's named flow (config `flows`, from its call token), kept in the
+        session's settings so that every resume runs it too; None: the default flow."""
         try:
-            session = await self._session(session_id)
+            session = await self._session(session_id, flow)
             call = self._new_call(session, resumed=session_id is not None, last_seq=last_seq, make_call=make_call)
             try:
                 answer = await call.answer(offer_sdp)
@@ -102,11 +104,11 @@ class CallRegistry:
         self.by_session[call.session_id] = call
         return call, answer
 
-    async def _session(self, session_id: Optional[str]) -> LiveSession:
+    async def _session(self, session_id: Optional[str], flow: Optional[str] = None) -> LiveSession:
         retry = {"Retry-After": str(self.config.retry_after_s)}
         try:
             if session_id is None:
-                return await self.keeper.open_new(secrets.token_hex(12))
+                return await self.keeper.open_new(secrets.token_hex(12), {"flow": flow} if flow else None)
             previous = self.by_session.get(session_id)
             if previous is not None:  # the caller reconnected before this node noticed the drop
                 await previous.close("replaced")
@@ -158,7 +160,7 @@ class CallRegistry:
             self.keeper.save(record.session_id)
 
         conversation = Conversation(stt, lambda: self.engine.open_tts(record.session_id),
-                                    make_responder(self.config, session_id=record.session_id), pacer, events,
+                                    self._responder(record), pacer, events,
                                     history=record.history, pending=record.in_progress, hang_up=hang_up,
                                     resume_unfinished=self.config.resume_unfinished, on_change=saved,
                                     idle_prompt_s=self.config.idle_prompt_s, idle_hangup_s=self.config.idle_hangup_s,
@@ -169,6 +171,15 @@ class CallRegistry:
                                     logger=CallLogger(logging.getLogger("parley.conversation"),
                                                       {"session_id": record.session_id}))
         return conversation
+
+    def _responder(self, record: SessionRecord) -> Responder:
+        """The session's responder: its named flow when it has one (scripted), else the default."""
+        flow = record.settings.get("flow")
+        if flow is not None and flow not in self.config.named_flows():
+            log.warning("session's flow is not in this node's flows setting: running the default flow",
+                        extra={"session_id": record.session_id, "flow": flow})
+            flow = None
+        return make_responder(self.config, session_id=record.session_id, flow=flow)
 
     def _recording(self, session_id: str) -> Optional[CallRecording]:
         if not self.config.record_dir:

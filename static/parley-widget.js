@@ -29,6 +29,7 @@ const HUMAN_MESSAGES = {
   token_expired: "This page's voice link has expired. Reload the page and try again.",
   invalid_token: "The voice service could not verify this website. Please try again later.",
   unauthorized: "The voice service could not verify this website. Please try again later.",
+  unknown_flow: "This voice line is not available on this service. Please try again later.",
   token_unavailable: "This website could not start a call right now. Please try again later.",
   rate_limited: "Too many calls right now. Please wait a moment and try again.",
   too_many_sessions: "All lines are busy. Please try again in a moment.",

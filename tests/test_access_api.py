@@ -1,24 +1,48 @@
 """API keys, call tokens, origin checks, CORS and rate limits against a live gateway."""
 
+import ipaddress
 import json
 import logging
 import time
 
+import aiohttp
+import numpy as np
 import pytest
 
 from gateway import call_tokens
 from gateway.api_keys import digest
+from gateway.client_ip import client_address, parse_networks
+from gateway.config import Config, ConfigError
+from gateway.dialog import Turn
+from gateway.responders import collect
 from tests.test_api import assert_error, offer_sdp  # noqa: F401 (a fixture)
 
 API_KEY = "shop-key-0123456789abcdef"
 SHOP = "http://shop.example:8000"
 OTHER = "https://other.example"
 JSON = {"Content-Type": "application/json"}
+# A flow an operator offers besides the default one (config `flows`: orders=FILE).
+ORDERS_FLOW = """
+greeting: "Orders line. Who am I speaking with?"
+fallback: "The orders line did not catch that."
+intents:
+  name:
+    keywords: [name, sue, my]
+    reply: "Thank you. The orders line will call you back."
+"""
+ORDERS_REPLIES = ("Thank you. The orders line will call you back.", "The orders line did not catch that.")
 
 
 @pytest.fixture
-async def keyed_gateway(start_gateway):
-    return await start_gateway(api_keys=[API_KEY], allowed_origins=[SHOP, OTHER])
+def orders_flow(tmp_path):
+    path = tmp_path / "orders.yaml"
+    path.write_text(ORDERS_FLOW)
+    return path
+
+
+@pytest.fixture
+async def keyed_gateway(start_gateway, orders_flow):
+    return await start_gateway(api_keys=[API_KEY], allowed_origins=[SHOP, OTHER], flows=[f"orders={orders_flow}"])
 
 
 async def get_token(http, url, key=API_KEY, **request):
@@ -70,6 +94,8 @@ async def test_tokens_need_a_valid_key(keyed_gateway, http):
     ({"origins": [SHOP], "ttl_s": "300"}, 400, "invalid_ttl"),
     ({"origins": [SHOP], "ttl_s": True}, 400, "invalid_ttl"),
     ({"origins": [SHOP], "flow": "a/b"}, 400, "invalid_flow"),
+    ({"origins": [SHOP], "flow": "billing"}, 400, "unknown_flow"),
+    ({"origins": [SHOP], "flow": 7}, 400, "invalid_flow"),
     ({"origins": [SHOP], "scope": "all"}, 400, "invalid_token_request"),
 ])
 async def test_bad_token_requests_get_clear_errors(keyed_gateway, http, request_body, status, code):
@@ -233,3 +259,167 @@ async def test_keys_from_a_file_of_digests(start_gateway, http, tmp_path, caplog
     assert not any("open mode" in record.getMessage() for record in caplog.records)
     status, body = await get_token(http, gateway.url)
     assert status == 201 and body["token"]
+
+
+# -- flows named by call tokens --------------------------------------------------------------
+
+async def test_a_token_may_name_only_a_flow_the_operator_offers(start_gateway, http, offer_sdp):
+    gateway = await start_gateway(api_keys=[API_KEY], allowed_origins=[SHOP])  # no flows setting
+    async with http.post(gateway.url + "/v1/tokens", json={"origins": [SHOP], "flow": "orders"},
+                         headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        assert response.status == 400
+        body = await response.json()
+    assert_error(body, "unknown_flow")
+    assert "'orders' is not a flow this gateway offers" in body["error"]["message"]
+    assert "PARLEY_FLOWS" in body["error"]["message"]
+    # A token signed elsewhere (a node configured otherwise) for a flow this node lacks: refused.
+    token, _ = call_tokens.issue([SHOP], 60, gateway.registry.config.secret, flow="orders")
+    status, body, _ = await place_call(http, gateway.url, offer_sdp, token)
+    assert status == 403
+    assert_error(body, "unknown_flow")
+    assert not gateway.registry.calls
+
+
+async def test_unknown_flow_message_lists_the_offered_flows(keyed_gateway, http):
+    status, body = await get_token(http, keyed_gateway.url, flow="billing")
+    assert status == 400 and "(flows: orders)" in body["error"]["message"]
+
+
+def test_flows_setting_is_checked_at_start(orders_flow, tmp_path):
+    assert Config(flows=[f" orders = {orders_flow} "]).validate().named_flows() == {"orders": str(orders_flow)}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("greeting: hi\n")
+    for flows, words in (([str(orders_flow)], "is not NAME=FILE"),
+                         ([f"or/ders={orders_flow}"], "is not a flow name"),
+                         ([f"orders={orders_flow}", f"orders={orders_flow}"], "named twice"),
+                         ([f"orders={tmp_path / 'missing.yaml'}"], "flows: orders: flow file"),
+                         ([f"orders={bad}"], "flows: orders: flow file")):
+        with pytest.raises(ConfigError, match=words):
+            Config(flows=flows).validate()
+    with pytest.raises(ConfigError, match="named flows are scripted flows"):
+        Config(flows=[f"orders={orders_flow}"], responder="echo").validate()
+
+
+async def test_a_flow_bound_token_runs_its_flow_and_one_without_runs_the_default(start_gateway, orders_flow):
+    """Conversation mode with the shipped engine: the call placed with an "orders" token hears
+    the orders flow's greeting and gets its answer to the caller's words, and keeps the flow
+    when it resumes; a call with a token that names no flow hears the default flow."""
+    from tests.kit.peer import Caller
+    from tests.test_conversation_call import conversation_engine, silence, utterance
+    from tests.test_resume import DEADLINE_S
+
+    gateway = await start_gateway(mode="conversation", responder="scripted", speech_engine=conversation_engine(),
+                                  api_keys=[API_KEY], allowed_origins=[SHOP], flows=[f"orders={orders_flow}"],
+                                  connect_timeout_s=60)
+    caller_headers = {"Origin": SHOP}
+    async with aiohttp.ClientSession() as http:
+        _, orders = await get_token(http, gateway.url, flow="orders")
+        _, plain = await get_token(http, gateway.url)
+
+    def deltas(caller, turn):
+        return "".join(e["delta"] for e in caller.events if e["type"] == "response.text.delta" and e["turn"] == turn)
+
+    async with aiohttp.ClientSession(headers={**caller_headers, "Authorization": f"Bearer {orders['token']}"}) as http:
+        caller = Caller(gateway.url, np.concatenate([silence(2.5), utterance("flite_slt-020.wav"), silence(8.0)]))
+        await caller.call(http)
+        call = gateway.registry.by_session[caller.response["session_id"]]
+        assert call.mode.responder.flow.path == str(orders_flow)
+        greeting = await caller.wait_for_event("response.text.delta", DEADLINE_S)
+        assert greeting["delta"] == "Orders line. Who am I speaking with?"
+        await caller.wait_for_event("turn.end", DEADLINE_S)  # the caller's words (or them over the greeting)
+        answer = await caller.wait_for_event("response.audio.start", DEADLINE_S,
+                                             where=lambda e: e["turn"] > greeting["turn"])
+        assert deltas(caller, answer["turn"]) in ORDERS_REPLIES, caller.events
+        resume_token = caller.response["resume_token"]
+        await caller.close()  # dropped, not hung up: the session waits for a resume
+
+        resumed = Caller(gateway.url)
+        await resumed.call(http, resume_token=resume_token)  # (the resume token admits it)
+        assert resumed.response["resumed"]
+        again = gateway.registry.by_session[resumed.response["session_id"]]
+        assert again is not call and again.mode.responder.flow.path == str(orders_flow)
+        reply = await collect(again.mode.responder.respond([Turn("user", "my name is sue")]))
+        assert "orders line" in "".join(d for d in reply if isinstance(d, str))
+        await resumed.hang_up(http)
+
+    async with aiohttp.ClientSession(headers={**caller_headers, "Authorization": f"Bearer {plain['token']}"}) as http:
+        caller = Caller(gateway.url)
+        await caller.call(http)
+        call = gateway.registry.by_session[caller.response["session_id"]]
+        assert call.mode.responder.flow.path.endswith("contact_center.yaml")
+        delta = await caller.wait_for_event("response.text.delta", DEADLINE_S)
+        assert "Thanks for calling Acme" in delta["delta"]
+        await caller.hang_up(http)
+
+
+# -- the client's address behind proxies -------------------------------------------------------
+
+def test_client_address_reads_forwarded_for_only_from_trusted_proxies():
+    proxies = parse_networks(["10.0.0.0/8", "192.0.2.7"])
+    assert client_address("203.0.113.9", ["198.51.100.1"], proxies) == "203.0.113.9"  # an untrusted peer
+    assert client_address("10.1.2.3", [], proxies) == "10.1.2.3"  # a proxy that names nobody
+    assert client_address("10.1.2.3", ["198.51.100.1"], proxies) == "198.51.100.1"
+    # The right-most untrusted address: what the client wrote itself (left of it) is never read.
+    assert client_address("10.1.2.3", ["1.1.1.1, 198.51.100.1"], proxies) == "198.51.100.1"
+    assert client_address("10.1.2.3", ["1.1.1.1, 198.51.100.1, 192.0.2.7"], proxies) == "198.51.100.1"
+    assert client_address("10.1.2.3", ["1.1.1.1", "198.51.100.1, 10.9.9.9"], proxies) == "198.51.100.1"
+    assert client_address("10.1.2.3", ["10.2.2.2, 10.3.3.3"], proxies) == "10.2.2.2"  # all trusted: the left-most
+    assert client_address("10.1.2.3", ["garbage, 10.3.3.3"], proxies) == "10.3.3.3"  # junk stops the walk
+    assert client_address("10.1.2.3", ["198.51.100.1, unknown"], proxies) == "10.1.2.3"
+    assert client_address("10.1.2.3", ["198.51.100.1:4711"], proxies) == "198.51.100.1"
+    assert client_address("10.1.2.3", ["[2001:db8::1]:443"], proxies) == "2001:db8::1"
+    assert client_address("::ffff:10.1.2.3", ["198.51.100.1"], proxies) == "198.51.100.1"
+    assert client_address("203.0.113.9", ["198.51.100.1"], ()) == "203.0.113.9"  # none trusted: the default
+    assert client_address(None, ["198.51.100.1"], proxies) == "unknown"
+    with pytest.raises(ValueError, match="not an address or a CIDR"):
+        parse_networks(["10.0.0.0/33"])
+    with pytest.raises(ConfigError, match="trusted_proxies"):
+        Config(trusted_proxies=["proxy.example"]).validate()
+    assert parse_networks(["10.0.0.1/8"]) == (ipaddress.ip_network("10.0.0.0/8"),)
+
+
+async def place_from(http, gateway, sdp, token, forwarded_for):
+    """A call whose request carries this X-Forwarded-For."""
+    headers = {**JSON, "Authorization": f"Bearer {token}", "Origin": SHOP, "X-Forwarded-For": forwarded_for}
+    async with http.post(gateway.url + "/v1/calls", data=json.dumps({"sdp": sdp, "type": "offer"}),
+                         headers=headers) as response:
+        return response.status, await response.json(), response.headers
+
+
+async def test_a_spoofed_forwarded_for_does_not_evade_the_per_ip_limit(start_gateway, http, offer_sdp):
+    """Without trusted proxies, X-Forwarded-For is the client's own words: a new made-up address
+    per request still counts against the peer's address."""
+    gateway = await start_gateway(api_keys=[API_KEY], allowed_origins=[SHOP], rate_limit_per_ip=2,
+                                  rate_limit_per_token=0)
+    _, issued = await get_token(http, gateway.url)
+    placed = []
+    for n in range(2):
+        status, body, _ = await place_from(http, gateway, offer_sdp, issued["token"], f"198.51.100.{n}")
+        assert status == 201
+        placed.append(body)
+    status, body, headers = await place_from(http, gateway, offer_sdp, issued["token"], "198.51.100.99")
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert "address" in body["error"]["message"]
+    for body in placed:
+        await hang_up(http, gateway, body)
+
+
+async def test_behind_a_trusted_proxy_the_limit_is_per_real_client(start_gateway, http, offer_sdp):
+    """The test's own address (127.0.0.1) plays the proxy: each client it forwards has its own
+    limit, and a client that prepends made-up addresses is still counted as itself."""
+    gateway = await start_gateway(api_keys=[API_KEY], allowed_origins=[SHOP], rate_limit_per_ip=2,
+                                  rate_limit_per_token=0, trusted_proxies=["127.0.0.0/8"])
+    _, issued = await get_token(http, gateway.url)
+    placed = []
+    for forwarded_for in ("203.0.113.5", "1.1.1.1, 203.0.113.5"):  # the second: a spoofed hop before the real one
+        status, body, _ = await place_from(http, gateway, offer_sdp, issued["token"], forwarded_for)
+        assert status == 201, body
+        placed.append(body)
+    status, body, _ = await place_from(http, gateway, offer_sdp, issued["token"], "2.2.2.2, 203.0.113.5")
+    assert status == 429, "203.0.113.5's third call"
+    assert_error(body, "rate_limited")
+    status, body, _ = await place_from(http, gateway, offer_sdp, issued["token"], "203.0.113.6")
+    assert status == 201, "another client behind the same proxy has its own limit"
+    placed.append(body)
+    for body in placed:
+        await hang_up(http, gateway, body)

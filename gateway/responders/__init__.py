@@ -34,11 +34,13 @@ __all__ = [
 
 
 def make_responder(config: Config, *, session_id: str = "", http: Optional[aiohttp.ClientSession] = None,
-                   today: Callable[[], dt.date] = dt.date.today) -> Responder:
+                   today: Callable[[], dt.date] = dt.date.today, flow: Optional[str] = None) -> Responder:
     """A new responder for one call, of the kind config.responder names.
 
     `http`: a ClientSession to share between calls (connection reuse); without one, a network
     responder opens its own and closes it in `aclose`. `today` dates "tomorrow" (tests).
+    `flow`: scripted: one of config.flows' names (a call token's flow) instead of flow_file;
+    ValueError for a name config.flows does not have.
     """
     if config.responder == "echo":
         return EchoResponder()
@@ -50,5 +52,10 @@ def make_responder(config: Config, *, session_id: str = "", http: Optional[aioht
         return WebhookResponder(config.webhook_url, session_id, config.webhook_token,
                                 config.responder_timeout_s, config.responder_total_timeout_s, http)
     if config.responder == "scripted":
+        if flow is not None:
+            named = config.named_flows()
+            if flow not in named:
+                raise ValueError(f"flow {flow!r} is not in the flows setting ({', '.join(sorted(named)) or 'empty'})")
+            return ScriptedResponder(cached_flow(named[flow]), today)
         return ScriptedResponder(cached_flow(config.flow_file or DEFAULT_FLOW), today)
     raise ValueError(f"unknown responder {config.responder!r}")  # Config.validate() prevents this
