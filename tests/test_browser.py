@@ -96,6 +96,50 @@ FETCH_RECORDING = """
 """
 
 
+# A microphone the test speaks into when something happens on the page, instead of Chromium's
+# fake one, which starts its file when getUserMedia opens: whatever the file says comes at a
+# fixed time after that, however late the call connects or the reply starts on a busy machine.
+# window.__microphone.sayOn(type, when, base64 float32, rate) speaks the samples once, at the
+# first gateway event of `type` for which `when(event)` holds; silence before and after.
+SCRIPTED_MICROPHONE = """
+(() => {
+  const context = new AudioContext({ sampleRate: 48000 });
+  const line = context.createMediaStreamDestination();
+  const mic = window.__microphone = { armed: false, startedAt: null, endedAt: null, trigger: null };
+  mic.say = (base64, rate) => {
+    const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+    const samples = new Float32Array(bytes.buffer);
+    const buffer = context.createBuffer(1, samples.length, rate);
+    buffer.copyToChannel(samples, 0);
+    const source = context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(line);
+    source.onended = () => { mic.endedAt = performance.now(); };
+    source.start();
+    mic.startedAt = performance.now();
+  };
+  mic.sayOn = (call, type, when, base64, rate) => {
+    mic.armed = true;
+    const listener = (e) => {
+      if (e.detail.type !== type || !when(e.detail)) return;
+      call.removeEventListener("gatewayevent", listener);
+      mic.trigger = e.detail;
+      mic.say(base64, rate);
+    };
+    call.addEventListener("gatewayevent", listener);
+  };
+  navigator.mediaDevices.getUserMedia = async () => {
+    await context.resume();
+    return new MediaStream(line.stream.getAudioTracks().map((track) => track.clone()));
+  };
+})();
+"""
+
+
+def float32_base64(samples: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(samples, dtype="<f4").tobytes()).decode()
+
+
 @contextlib.asynccontextmanager
 async def demo_page(wav: Path) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium with `wav` as its microphone: (a page, its console lines). The
@@ -290,25 +334,39 @@ async def test_browser_conversation_view(start_gateway, tmp_path, http):
 async def test_browser_cuts_a_reply_the_caller_talks_over(start_gateway, tmp_path, http):
     """The caller talks over the greeting: the page cuts its playback on response.paused (or
     .interrupted) instead of letting the ~100 ms already on its way play out, tells the
-    gateway (playback.cut), and plays the reply to the caller's words again."""
+    gateway (playback.cut), and plays the reply to the caller's words again.
+
+    The caller speaks when the greeting is playing on the page (the gateway's metrics.turn
+    with browser_playout_ms: the page heard its first sound), not at a fixed time after the
+    microphone opened: on a loaded machine the call or the greeting can start late enough for
+    fixed-time words to come before the greeting, or to be lost before the call connects."""
     from engine.wavfile import read_wav
     from tests.test_conversation_call import conversation_engine
     from tests.test_stt_shipped import SPEECH
 
     speech = read_wav(SPEECH / "flite_slt-020.wav", 16000).astype(np.float32)
-    speech = resample(speech / 32768 if np.abs(speech).max() > 1 else speech, 16000, RATE)
-    wav = tmp_path / "caller.wav"
-    write_wav(wav, np.concatenate([np.zeros(3 * RATE, np.float32), speech, np.zeros(6 * RATE, np.float32)]), RATE)
+    speech = speech / 32768 if np.abs(speech).max() > 1 else speech
+    silent = tmp_path / "silence.wav"  # (Chromium's fake microphone, unused: the scripted one replaces it)
+    write_wav(silent, np.zeros(RATE, np.float32), RATE)
     gateway = await start_gateway(mode="conversation", responder="scripted", speech_engine=conversation_engine())
-    async with demo_page(wav) as (page, console):
+    async with demo_page(silent) as (page, console):
+        await page.add_init_script(SCRIPTED_MICROPHONE)
         await page.goto(f"{gateway.url}/?processing=off")
+        await page.wait_for_function("window.parley && window.__microphone")
+        await page.evaluate(
+            "([audio, rate]) => window.__microphone.sayOn(window.parley, 'metrics.turn',"
+            " (e) => 'browser_playout_ms' in e, audio, rate)", [float32_base64(speech), 16000])
         await page.click("#call")
         await page.wait_for_function("window.parley.state === 'connected'")
+        await page.wait_for_function("window.__microphone.startedAt !== null")
+        heard = await page.evaluate("window.__microphone.trigger.turn")
+        greeting = next(e["turn"] for e in await page.evaluate("window.parley.events")
+                        if e["type"] == "response.audio.start")
+        assert heard == greeting, "the caller speaks over the greeting (8 s long), once it plays on the page"
         await page.wait_for_function("window.parley.cuts.length > 0")
         events = await page.evaluate("window.parley.events")
-        greeting = next(e["turn"] for e in events if e["type"] == "response.audio.start")
         cut = await page.evaluate("window.parley.cuts[0]")
-        assert cut == greeting, "the caller's words came over the greeting (8 s long)"
+        assert cut == greeting, "the caller's words came over the greeting"
         assert any(e["type"] in ("response.paused", "response.interrupted") and e["turn"] == cut for e in events)
         await page.wait_for_function("window.parley.playback.output.gain.value === 0")
 
