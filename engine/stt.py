@@ -296,7 +296,7 @@ class StreamDecoder:
         self._ended_frame = -CONTINUATION_FRAMES  # for speech that resumes soon after (CONTINUATION_FRAMES)
         self._resumed_words: list[str] = []  # what this turn continues, for the turn table
         # Where the turn table reads the turn's words instead of this decoder's own (a better
-        # recognizer's latest reading of the turn: engine/whisper_stream.py TurnReader.table_words)
+        # recognizer's latest reading of the turn: engine/whisper_stream.py TurnReader.words_for_table)
         self.words_source: Optional[Callable[[], Sequence[str]]] = None
 
     def on_frame(self, token: int, eot: Sequence[float], candidates: Sequence[tuple[int, float]] = ()) -> list[SttEvent]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import re
 import threading
 from pathlib import Path
 from typing import Optional, Sequence
@@ -100,10 +101,15 @@ def drop_repeats(text: str) -> str:
     "in this regard,"), Whisper's failure on short windows, until none is left. Words compare
     without case and punctuation. A single word is cut only from its fourth time in a row:
     "no no" and "five five" are said on purpose."""
-    words = text.split()
+    words = _CHAINED_REPEAT.sub(r"\1", text).split()
     while (cut := _repeat_start([_key(w) for w in words])) is not None:
         words = words[:cut]
     return " ".join(words)
+
+
+# The same failure inside one word: "4-4-4-4-4-...", "0.0.0.0.0", "959-959-959-959-": a unit of up to
+# four characters joined by - or . repeated SAME_WORD_RUN times or more keeps its first.
+_CHAINED_REPEAT = re.compile(r"(\w{1,4})([-.])(?:\1\2){%d,}(?:\1\b)?" % (SAME_WORD_RUN - 1))
 
 
 def _repeat_start(keys: list[str]) -> Optional[int]:

@@ -11,11 +11,21 @@ it hears a caller start within 40-80 ms (barge-in pauses on that) and its end-of
 judges pauses. Its own words are not used: learned from synthetic voices, they read real
 callers at 0.96 WER. Whisper tiny.en reads them at 0.07, but only whole windows, so:
 
-- partials: every HOP_S of new turn audio (from MIN_PARTIAL_S on: Whisper hallucinates "Thank
-  you" on near-silence), the turn so far is re-read; the words on which the last two readings
-  agree (LocalAgreement-2) are committed and never taken back; a Partial carries them;
-- the Final is one reading of the whole turn, made when the SSM ends the turn (or the audio
-  is flushed); the EndOfTurn follows it, and any event of the next turn waits behind both.
+- partials: while the VAD hears speech, every hop of new speech (MIN_HOP_S to HOP_S, by what
+  a re-read costs; from the first MIN_PARTIAL_SPEECH_S of speech on: Whisper hallucinates
+  "Thank you" on near-silence) the turn so far is re-read; the words on which the last two
+  readings agree (LocalAgreement-2) are committed and never taken back; a Partial carries
+  them. When the VAD hears the speech stop, the turn is read at once (a pause reading): no
+  word of it is cut off, so its words are committed at once too (the last words of a
+  sentence need not wait for two more re-reads or the Final), and the re-reads after it
+  read from that pause on. Partial re-reads never wait behind a pause reading: they stop
+  only because no new speech came;
+- the end of turn is decided at each pause from three cues: how long the VAD has heard no
+  speech, what the pause reading's words say (the turn-completion table, engine/turn.py,
+  and Whisper's punctuation) and whether the SSM's end-of-turn head, weighing those words,
+  called the end in this pause (Pause.quiet_needed); unfinished words hold the turn open;
+- the Final is the pause reading of the whole turn (or one reading when the SSM or a flush
+  ends the turn); the EndOfTurn follows it, and any event of the next turn waits behind both.
 
 TurnReader is the logic alone (no threads, no clock), shared by the runtime (a worker thread
 reads) and the benchmark (reads inline and books the compute time on a virtual clock).
@@ -34,33 +44,60 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
+from .textnorm import normalize
+from .turn import TurnCompletion, load_turns
 from .vad import WINDOW as VAD_WINDOW, VadStream
 from .whisper import MAX_SECONDS, SAMPLE_RATE, WhisperReader, _key
 
 log = logging.getLogger(__name__)
 
-HOP_S = 0.32  # new turn audio between partial re-reads (0.5 s halves the CPU, doubles the lag)
-MIN_PARTIAL_S = 1.0  # turn audio before the first partial re-read
+HOP_S = 0.32  # new speech between partial re-reads at most (0.5 s halves the CPU, doubles the lag) ...
+MIN_HOP_S = 0.12  # ... and at least: a re-read comes after PARTIAL_COST_RATIO times what the last one cost
+PARTIAL_COST_RATIO = 4.0  # (as its reader timed it), so a stream's partial re-reads take at most about a
+# quarter of a core: where re-reads are cheap (short windows, an idle machine) partials follow
+# closely, where they are dear they slow to the full hop. LocalAgreement-2 makes a word wait for
+# the first re-read after it and the one after that: the hop plus two readings is most of the lag.
+MIN_PARTIAL_S = 1.0  # turn audio before the first partial re-read, where the VAD has heard no speech yet
+MIN_PARTIAL_SPEECH_S = 0.4  # ... where it has: this much speech heard by the VAD (pre-roll and pauses
+# do not count); a pause reading of less commits nothing (a click read as "you" would stay)
 PRE_ROLL_S = 0.5  # read from this long before a detected start (never before the last turn's end):
 # the SSM flags speech 20-80 ms into a word on the voices it knows, later on some real ones
 KEEP_S = MAX_SECONDS - 1.0  # a turn longer than Whisper's window is read by its last KEEP_S
 VAD_ON, VAD_OFF = 0.5, 0.35  # Silero P(speech) that starts a sound, and below which it has stopped
-# End of turn: quiet (by the VAD) for at least this long after a pause reading whose last word
-COMPLETE_QUIET_S = 0.5  # ... ends a sentence (Whisper wrote . ? or !), or
-INCOMPLETE_QUIET_S = 0.9  # ... does not ("my number is", "and then,"): longer than a breath or a thought
-# A caller who pauses between two whole sentences cannot be told from one who has finished by
-# the words: on real-dev speakers' clips joined with 0.4-0.8 s pauses (bench/real_turns.py),
-# 0.2 s answers 222 ms after the last word but ends 93 % of those pauses, 0.5 s 522 ms / 71 %,
-# 0.8 s 820 ms / 7 %. 0.5 s is the usual endpointing delay of voice agents (LiveKit's minimum);
-# a barge-in takes the turn back when the caller goes on (MODEL_CARD.md).
+# End of turn: quiet (by the VAD, which flags the end of speech ~70 ms after it) for at least
+CONFIRMED_QUIET_S = 0.2  # ... after a pause reading the words do not call unfinished, once the SSM's
+# end-of-turn head, weighing Whisper's words through the turn table (StreamDecoder.words_source),
+# has called the end in this pause too (it hears how the voice stops);
+COMPLETE_QUIET_S = 0.8  # ... after one that reads as finished without the head (see reading_says),
+INCOMPLETE_QUIET_S = 1.0  # ... and after one that reads unfinished ("my number is", "It's...") or
+# cannot tell: a hold-off, longer than the 0.4-0.8 s pauses callers make inside a turn.
+# The words' cues: the turn-completion table's P(end | last words) (engine/turn.py) below
+# UNFINISHED_P, or Whisper's "..." (it writes that where speech breaks off), call a reading
+# unfinished: the table is sure about open clauses and digit groups ("... number is" ~0, "... at
+# 762" ~0, "I would like to" 0.03). It is lukewarm about finished sentences it never saw
+# (0.4-0.65), so a reading is finished with terminal punctuation and P >= UNFINISHED_P, or
+# without it (Whisper leaves numbers bare: "zip code 48820") at P >= UNPUNCTUATED_P.
+UNFINISHED_P = 0.15
+UNPUNCTUATED_P = 0.5
+# Chosen on synthetic turns in training voices (engine.train.eval_set's seen_voices group, 40
+# turns, 61 pauses of 0.4-0.8 s at commas and digit groups): there the words alone call 17 of the
+# 61 pauses finished ("My name is Daniel Evans." | "That's E, V, A, N, S."), so without the head
+# COMPLETE_QUIET_S 0.5 took 31 % of pauses for ends, 0.8 s 4.9 %, with the end 523 ms p50 after
+# the last word either way (the head confirms most ends ~0.25 s after the speech stops; the rest
+# of the latency is the pause reading waiting for the reader). A caller who pauses between two
+# whole sentences cannot be told from one who has finished by the words: on real-dev speakers'
+# clips joined with 0.4-0.8 s pauses (bench/real_turns.py) only the head can, and on real
+# voices it hears ends less well than on the synthetic ones it learned from (MODEL_CARD.md).
 WORDLESS_QUIET_S = 0.3  # a sound in which Whisper read no word (a cough, a click) is over after this
 FINAL, PAUSE, PARTIAL = 0, 1, 2  # reading kinds, in the order a busy reader takes them
 SENTENCE_END = (".", "?", "!")
+CUT_OFF = ("...", "-", "\u2014", "\u2026")  # how Whisper ends a word or thought it hears cut off
 
 
 @dataclass
 class Job:
-    """One reading: the turn `turn` of a stream, audio [start, end) in stream samples."""
+    """One reading: the turn `turn` of a stream, audio [start, end) in stream samples; `speech`
+    the stretches the VAD heard speech in, (start, end) stream samples (for word times)."""
 
     turn: int
     kind: int  # FINAL, PAUSE or PARTIAL
@@ -68,61 +105,138 @@ class Job:
     start: int
     end: int
     requested_at: float  # seconds of stream audio when asked (the benchmark's clock)
+    speech: tuple[tuple[int, int], ...] = ()
+    seconds: Optional[float] = None  # what reading it cost (CPU or wall seconds), set by who read it
+    prefix: tuple[str, ...] = ()  # a partial re-read from the turn's last pause: the words before it
 
 
 @dataclass
 class Pause:
     """The caller went quiet at `since` (a stream sample); `text` is the reading of the turn up
-    to then, once it is in."""
+    to then, once it is in; `says` what its words say about the turn; `ssm_end` whether
+    the SSM's end-of-turn head has called the end since."""
 
     since: int
     job: Job
     text: Optional[str] = None
+    says: int = 0  # reading_says(text): UNFINISHED, OPEN or FINISHED
+    ssm_end: bool = False
 
     def quiet_needed(self) -> float:
         if not self.text:
             return WORDLESS_QUIET_S
-        return COMPLETE_QUIET_S if self.text.rstrip().endswith(SENTENCE_END) else INCOMPLETE_QUIET_S
+        if self.says == UNFINISHED:
+            return INCOMPLETE_QUIET_S
+        if self.ssm_end:
+            return CONFIRMED_QUIET_S
+        return COMPLETE_QUIET_S if self.says == FINISHED else INCOMPLETE_QUIET_S
+
+
+UNFINISHED, OPEN, FINISHED = 0, 1, 2  # what a reading's words say about the turn
+
+
+def reading_says(text: str, turns: Optional[TurnCompletion]) -> int:
+    """Whether a reading of the turn so far reads as a finished turn (FINISHED), an unfinished
+    one (UNFINISHED), or cannot tell (OPEN); see UNFINISHED_P."""
+    text = text.rstrip()
+    if not text or text.endswith(CUT_OFF):
+        return UNFINISHED
+    punctuated = text.endswith(SENTENCE_END)
+    if turns is None:
+        return FINISHED if punctuated else OPEN
+    p = turns.probability(table_words(text))
+    if p < UNFINISHED_P:
+        return UNFINISHED
+    return FINISHED if punctuated or p >= UNPUNCTUATED_P else OPEN
+
+
+def reads_finished(text: str, turns: Optional[TurnCompletion]) -> bool:
+    return reading_says(text, turns) == FINISHED
+
+
+DIGIT_NAMES = "zero one two three four five six seven eight nine".split()
+
+
+def table_words(text: str) -> list[str]:
+    """A reading as the table spells its words: lowercase words, and numbers Whisper wrote in
+    digits ("762", "555-1234") read digit by digit, as callers say codes and phone numbers
+    (the table collapses a run of digit words into one token, engine/turn.py)."""
+    words: list[str] = []
+    for token in text.split():
+        bare = token.strip(".,?!;:\"'()")
+        if bare and all(c.isdigit() or c in ",-" for c in bare) and any(c.isdigit() for c in bare):
+            words += [DIGIT_NAMES[int(c)] for c in bare if c.isdigit()]
+        else:
+            words += normalize(token).split()
+    return words
 
 
 class TurnReader:
     """One stream's recognition on Whisper, driven by its audio (VAD) and its SSM's events.
 
-    A turn starts when the VAD or the SSM hears speech. When the VAD hears it stop, the turn
-    so far is read at once (a pause reading); if the caller stays quiet long enough for what
-    that reading says (COMPLETE_QUIET_S after a finished sentence, INCOMPLETE_QUIET_S
-    otherwise), the reading becomes the turn's Final, followed by EndOfTurn. Speech that
-    resumes first cancels it. The SSM's own end-of-turn head ends only turns the VAD never
-    heard: on real voices it took 57 % of mid-turn pauses for turn ends (MODEL_CARD.md).
+    A turn starts when the VAD or the SSM hears speech. While the VAD hears speech, the turn
+    so far is re-read every `hop` of new speech for partials. When the VAD hears it stop, the
+    turn so far is read at once (a pause reading), and its words go out as a Partial. If the
+    caller stays quiet long enough for what that reading says (Pause.quiet_needed: a hold-off
+    when it reads unfinished, shorter when it reads finished, shortest when the SSM's
+    end-of-turn head also called the end), the reading becomes the turn's Final, followed by
+    EndOfTurn. Speech that resumes first cancels it. The head counts in turns the VAD heard
+    only once advise(decoder) has it weigh Whisper's words; alone (its own words) it ends only
+    turns the VAD never heard: on real voices it took 57 % of mid-turn pauses for turn ends.
 
     push(audio) and on_events(ssm events) return the events to send now and queue readings
     through `submit(job)`; on_reading(job, text) returns what a finished reading releases.
+    `turns`: the turn-completion table (default the shipped one; None: punctuation alone).
     Not thread-safe on its own: the runtime calls it under the stream's lock.
     """
 
     def __init__(self, submit: Callable[[Job], None], can_read_partial: Callable[[], bool] = lambda: True,
-                 vad: Optional[VadStream] = None) -> None:
+                 vad: Optional[VadStream] = None, turns: Union[TurnCompletion, None, str] = "shipped") -> None:
         self.submit = submit
         self.can_read_partial = can_read_partial
         self.vad = vad
+        self.turns = load_turns() if turns == "shipped" else turns
         self.vad_speaking = False
         self.vad_in_turn = False  # the VAD has heard speech in this turn: it decides the turn's end
         self.pause: Optional[Pause] = None
+        self.ssm_end = False  # the SSM's head called the end since the VAD last heard speech
         self.last_turn_end = 0  # stream sample: a turn's pre-roll never reaches into the one before
         self.base = 0  # stream sample of self.audio[0]
         self.audio = np.zeros(0, np.float32)
         self.turn = 0
         self.turn_start: Optional[int] = None  # stream sample where the current turn's audio starts
+        self.speech: list[list[int]] = []  # the VAD's stretches of speech in this turn, [start, end or -1]
         self.committed: list[str] = []  # words no partial of this turn takes back
         self.previous: list[str] = []  # the last partial reading's words
         self.partial_in_flight = False
-        self.last_partial_end = 0
+        self.read_through = 0  # stream sample: the turn has been read (or sent for reading) up to here
+        self.hop = HOP_S  # new speech before the next partial re-read (see PARTIAL_COST_RATIO)
+        self._table_text, self._table_words = "", []
+        self.ssm_weighs_words = False  # see advise()
+        self.anchor: tuple[int, tuple[str, ...]] = (0, ())  # (stream sample, words read before it)
         # Events in stream order; a turn's final reading holds back everything after it:
         self.outbox: list[Union[SttEvent, _FinalSlot]] = []
 
     @property
     def samples(self) -> int:
         return self.base + len(self.audio)
+
+    def advise(self, decoder) -> None:
+        """Let the SSM's decoder (engine.stt.StreamDecoder) weigh this reader's words with the
+        turn table instead of its own (StreamDecoder.words_source); only then do its turn ends
+        count as a cue in turns the VAD heard (Pause.ssm_end). The runtime and the benchmark
+        call it once per stream, after both are made."""
+        decoder.words_source = self.words_for_table
+        self.ssm_weighs_words = True
+
+    def words_for_table(self) -> list[str]:
+        """The latest reading of the turn under way, spelled for the turn-completion table: what
+        the SSM's end-of-turn head weighs its pauses with (StreamDecoder.words_source), instead
+        of its own words, which on real voices are mostly wrong."""
+        text = " ".join(self.previous)
+        if text != self._table_text:
+            self._table_text, self._table_words = text, table_words(text)
+        return self._table_words
 
     def push(self, audio: np.ndarray) -> list[SttEvent]:
         self.audio = np.concatenate([self.audio, audio.astype(np.float32, copy=False)])
@@ -142,14 +256,20 @@ class TurnReader:
             if not self.vad_speaking and p >= VAD_ON:
                 self.vad_speaking = True
                 self.pause = None
+                self.ssm_end = False
                 if self.turn_start is None:
                     self._start_turn(at / SAMPLE_RATE)
                     out += self._send([SpeechStart(t=at / SAMPLE_RATE)])
                 self.vad_in_turn = True
+                self.speech.append([at, -1])
+                self.read_through = max(self.read_through, at)  # the next partial reads HOP_S of new speech
             elif self.vad_speaking and p < VAD_OFF:
                 self.vad_speaking = False
+                if self.speech and self.speech[-1][1] < 0:
+                    self.speech[-1][1] = at
                 if self.turn_start is not None and self.vad_in_turn:
-                    self.pause = Pause(at + VAD_WINDOW, self._job(PAUSE, self.turn_start))
+                    self.pause = Pause(at + VAD_WINDOW, self._job(PAUSE, self.turn_start), ssm_end=self.ssm_end)
+                    self.read_through = self.samples
                     self.submit(self.pause.job)
         return out
 
@@ -157,13 +277,15 @@ class TurnReader:
         pause = self.pause
         if pause is None or pause.text is None or self.vad_speaking:
             return []
-        if self.samples - pause.since < pause.quiet_needed() * SAMPLE_RATE:
+        quiet = pause.quiet_needed()
+        if self.samples - pause.since < quiet * SAMPLE_RATE:
             return []
         self.pause = None
         text = pause.text
-        confidence = 0.0 if not text else 0.9 if pause.quiet_needed() == COMPLETE_QUIET_S else 0.5
+        confidence = (0.0 if not text else 0.95 if pause.ssm_end and pause.says != UNFINISHED
+                      else 0.9 if pause.says == FINISHED else 0.5)
         self._close_turn()
-        final = [Final(text, spread_words(text.split(), pause.job.start / SAMPLE_RATE, pause.since / SAMPLE_RATE))]
+        final = [Final(text, word_times(text.split(), pause.job.start, pause.since, pause.job.speech))]
         return self._send((final if text else []) + [EndOfTurn(confidence=confidence)])
 
     def on_events(self, events: list[SttEvent]) -> list[SttEvent]:
@@ -177,8 +299,15 @@ class TurnReader:
                     out += self._send([event])
             elif isinstance(event, SpeechLikely):
                 out += self._send([event])
-            elif isinstance(event, EndOfTurn) and not self.vad_in_turn:
-                out += self._end_turn(event)
+            elif isinstance(event, EndOfTurn):
+                if not self.vad_in_turn:
+                    out += self._end_turn(event)
+                elif event.confidence > 0 and not self.vad_speaking and self.ssm_weighs_words:
+                    # The head heard an end in this pause: one cue of three (Pause.quiet_needed)
+                    self.ssm_end = True
+                    if self.pause is not None:
+                        self.pause.ssm_end = True
+                        out += self._maybe_end_turn()
             # Partial and Final: the SSM's words give way to Whisper's readings
         return out
 
@@ -189,15 +318,25 @@ class TurnReader:
     def on_reading(self, job: Job, text: str) -> list[SttEvent]:
         if job.kind == PARTIAL:
             self.partial_in_flight = False
-            return self._on_partial_reading(text) if job.turn == self.turn else []
+            if job.seconds is not None:
+                self.hop = min(HOP_S, max(MIN_HOP_S, PARTIAL_COST_RATIO * job.seconds))
+            return self._on_partial_reading(" ".join(job.prefix + (text,))) if job.turn == self.turn else []
         if job.kind == PAUSE:
             if self.pause is not None and self.pause.job is job:
                 self.pause.text = text
-                return self._maybe_end_turn()
+                self.pause.says = reading_says(text, self.turns)
+                # The speech stopped before this reading: no word of it is cut off, so all are stable
+                words = text.split()
+                stable = words if self._speech_heard(job) >= MIN_PARTIAL_SPEECH_S * SAMPLE_RATE else []
+                out = self._commit(stable, words)
+                if words and self.committed == words:  # partials go on from here (see _maybe_read_partial)
+                    self.anchor = (job.speech[-1][1] if job.speech else job.end, tuple(words))
+                return out + self._maybe_end_turn()
+            if job.turn == self.turn and self.turn_start is not None:
+                return self._on_partial_reading(text)  # the caller went on: as good as a partial reading
             return []
         slot = next(item for item in self.outbox if isinstance(item, _FinalSlot) and item.turn == job.turn)
-        slot.events = [Final(text, spread_words(text.split(), job.start / SAMPLE_RATE, job.end / SAMPLE_RATE))] \
-            if text else []
+        slot.events = [Final(text, word_times(text.split(), job.start, job.end, job.speech))] if text else []
         if slot.end_of_turn is not None:
             slot.events.append(slot.end_of_turn)
         return self._release()
@@ -209,23 +348,28 @@ class TurnReader:
         self.turn_start = max(self.base, self.last_turn_end, int((t - PRE_ROLL_S) * SAMPLE_RATE))
         self.vad_in_turn = False
         self.pause = None
+        self.speech = []
         self.committed, self.previous = [], []
-        self.last_partial_end = self.turn_start
+        self.anchor = (0, ())
+        self.read_through = self.turn_start
+        self.hop = MIN_HOP_S  # a turn's first re-reads are short, so cheap
 
     def _close_turn(self) -> int:
         start, self.turn_start = self.turn_start, None
         self.last_turn_end = self.samples
         self.vad_in_turn = False
         self.pause = None
+        self.ssm_end = False
         return start
 
     def _end_turn(self, end_of_turn: Optional[EndOfTurn]) -> list[SttEvent]:
         """A turn ends without a pause reading (the SSM's call, or a flush): read it whole."""
         if self.turn_start is None:  # nothing under way (a flush in silence, an end without a start)
             return self._send([end_of_turn]) if end_of_turn is not None else []
-        start = self._close_turn()
+        job = self._job(FINAL, self.turn_start)
+        self._close_turn()
         self.outbox.append(_FinalSlot(self.turn, end_of_turn))
-        self.submit(self._job(FINAL, start))
+        self.submit(job)
         return []
 
     def _send(self, events: list[SttEvent]) -> list[SttEvent]:
@@ -249,22 +393,44 @@ class TurnReader:
     # -- partials --
 
     def _maybe_read_partial(self) -> None:
-        if self.turn_start is None or self.partial_in_flight or self.pause is not None:
+        """A re-read once `hop` of new speech came in: never while the VAD hears a pause (the
+        pause reading reads the turn up to it), and never queued behind another partial."""
+        if self.turn_start is None or self.partial_in_flight or (self.vad_in_turn and not self.vad_speaking):
             return
-        if (self.samples - self.turn_start < MIN_PARTIAL_S * SAMPLE_RATE
-                or self.samples - self.last_partial_end < HOP_S * SAMPLE_RATE or not self.can_read_partial()):
+        enough = (self._speech_heard() >= MIN_PARTIAL_SPEECH_S * SAMPLE_RATE if self.vad_in_turn
+                  else self.samples - self.turn_start >= MIN_PARTIAL_S * SAMPLE_RATE)
+        if not enough or self.samples - self.read_through < self.hop * SAMPLE_RATE or not self.can_read_partial():
             return
         self.partial_in_flight = True
-        self.last_partial_end = self.samples
-        self.submit(self._job(PARTIAL, self.turn_start))
+        self.read_through = self.samples
+        # Read from the last pause whose reading is committed whole, not from the turn's start:
+        # those words are settled, and a shorter window costs less (so the hop stays short)
+        at, words = self.anchor
+        start = max(self.turn_start, at) if words else self.turn_start
+        job = self._job(PARTIAL, start)
+        if words and job.start == start:
+            job.prefix = words
+        elif words:  # (a turn longer than KEEP_S: its window starts later anyway)
+            job = self._job(PARTIAL, self.turn_start)
+        self.submit(job)
+
+    def _speech_heard(self, job: Optional[Job] = None) -> int:
+        """Samples of speech the VAD heard in this turn (up to `job`'s end)."""
+        spans = job.speech if job is not None else [(a, b if b >= 0 else self.samples) for a, b in self.speech]
+        return sum(b - a for a, b in spans)
 
     def _on_partial_reading(self, text: str) -> list[SttEvent]:
         words = text.split()
-        agreed = common_prefix(self.previous, words)
+        return self._commit(common_prefix(self.previous, words), words)
+
+    def _commit(self, stable: list[str], words: list[str]) -> list[SttEvent]:
+        """Commit `stable` if it extends what is committed; `words` is the latest reading."""
         self.previous = words
-        if len(agreed) > len(self.committed) and common_prefix(agreed, self.committed) == self.committed:
-            self.committed = agreed
-            return self._send([Partial(" ".join(agreed))])
+        while stable and stable[-1].endswith(CUT_OFF):  # "a..." "dis-": a word the window cut
+            stable = stable[:-1]
+        if len(stable) > len(self.committed) and len(common_prefix(stable, self.committed)) == len(self.committed):
+            self.committed = self.committed + stable[len(self.committed):]  # as the words went out before
+            return self._send([Partial(" ".join(self.committed))])
         return []
 
     # -- audio --
@@ -272,7 +438,8 @@ class TurnReader:
     def _job(self, kind: int, start: int) -> Job:
         start = max(start, self.samples - int(KEEP_S * SAMPLE_RATE), self.base)
         audio = self.audio[start - self.base:].copy()
-        return Job(self.turn, kind, audio, start, self.samples, self.samples / SAMPLE_RATE)
+        speech = tuple((a, b if b >= 0 else self.samples) for a, b in self.speech)
+        return Job(self.turn, kind, audio, start, self.samples, self.samples / SAMPLE_RATE, speech)
 
     def _trim(self) -> None:
         """Keep the turn under way (at most KEEP_S) or, between turns, the pre-roll."""
@@ -314,6 +481,28 @@ def spread_words(words: list[str], start: float, end: float) -> list[tuple[str, 
         out.append((word, round(t, 3), round(t1, 3)))
         t = t1
     return out
+
+
+def word_times(words: list[str], start: int, end: int,
+               speech: tuple[tuple[int, int], ...] = ()) -> list[tuple[str, float, float]]:
+    """Word times (seconds) for a reading of stream samples [start, end): spread over the
+    stretches in which the VAD heard speech when there are any (not over the pre-roll and the
+    pauses), else over the whole span (spread_words)."""
+    spans = [(max(a, start), min(b, end)) for a, b in speech if min(b, end) > max(a, start)]
+    if not words or not spans:
+        return spread_words(words, start / SAMPLE_RATE, end / SAMPLE_RATE)
+    voiced = [(b - a) / SAMPLE_RATE for a, b in spans]
+    total = sum(voiced)
+    stamps = spread_words(words, 0.0, total)
+
+    def at(t: float, end: bool) -> float:  # a time on the voiced clock -> seconds of stream audio
+        for (a, _), length in zip(spans, voiced):  # (a word ends in the stretch it starts the next one in)
+            if t < length - 1e-6 or (end and t <= length + 1e-6):
+                return a / SAMPLE_RATE + t
+            t -= length
+        return spans[-1][1] / SAMPLE_RATE
+
+    return [(w, round(at(t0, False), 3), round(at(t1, True), 3)) for w, t0, t1 in stamps]
 
 
 # -- who reads: a worker thread for the runtime, inline for the benchmark ---------------------------
@@ -369,10 +558,11 @@ class ReadingWorker:
                 result: "str | BaseException" = self.reader.read(job.audio)
             except Exception as exc:  # noqa: BLE001 - this reading's stream fails, the worker goes on
                 result = exc
+            job.seconds = time.perf_counter() - started
             with self._ready:
                 self.busy -= 1
                 self.readings += 1
-                self.read_seconds += time.perf_counter() - started
+                self.read_seconds += job.seconds
             try:
                 done(job, result)
             except Exception:  # noqa: BLE001 - a consumer's bug must not stop every stream's readings
@@ -383,12 +573,16 @@ class InlineRecognizer:
     """One stream, read inline: the SSM Recognizer's events through a TurnReader, for the
     benchmark. Readings run at once, but are booked on a virtual clock in seconds of stream
     audio: a reading asked at t starts when the (single) reader is free and its events carry
-    its end time (event_times), so lags include the compute a real stream would wait for."""
+    its end time (event_times), so lags include the compute a real stream would wait for. A
+    reading costs its CPU time (one thread), not its wall time: another process on the machine
+    does not make it look slower."""
 
     def __init__(self, ssm, reader: WhisperReader, vad: Optional[VadStream] = None) -> None:
         self.ssm, self.reader = ssm, reader
         self.jobs: list[Job] = []
         self.turns = TurnReader(self.jobs.append, lambda: self.busy_until <= self.now, vad)
+        if getattr(ssm, "decoder", None) is not None:  # its end-of-turn head weighs Whisper's words
+            self.turns.advise(ssm.decoder)
         self.now = self.busy_until = self.compute_s = 0.0
         self.event_times: list[float] = []
 
@@ -407,9 +601,9 @@ class InlineRecognizer:
         timed = []
         while self.jobs:
             job = self.jobs.pop(0)
-            started = time.perf_counter()
+            started = time.process_time()  # CPU time: what one free core would take, on a shared machine too
             text = self.reader.read(job.audio)
-            seconds = time.perf_counter() - started
+            seconds = job.seconds = time.process_time() - started
             self.compute_s += seconds
             self.busy_until = max(self.busy_until, job.requested_at) + seconds
             timed += [(self.busy_until, e) for e in self.turns.on_reading(job, text)]
