@@ -227,6 +227,7 @@ async def test_the_runtime_streams_whisper_readings_in_order():
     await asyncio.to_thread(engine.start)
     try:
         stream = engine.open_stt("s1")
+        assert stream.turns.ssm_weighs_words  # the SSM's turn ends weigh Whisper's words, as in the benchmark
         padded = np.concatenate([audio, np.zeros(2 * SAMPLE_RATE, np.float32)])
         for start in range(0, len(padded), 320):
             stream.push((padded[start:start + 320] * 32767).astype(np.int16))

@@ -180,6 +180,7 @@ class SttStepper(SlotTable):
                 worker, vad = self.words
                 stream.turns = TurnReader(lambda job: worker.submit(job, stream.on_reading), worker.has_room,
                                           vad.stream())
+                stream.turns.advise(stream.decoder)  # the SSM's turn ends weigh Whisper's words
             return stream
         return make
 
