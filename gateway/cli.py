@@ -1,6 +1,8 @@
 """`parley` command line: `parley serve [--flags]` (also `python -m gateway serve`), `parley
-config` (the effective configuration) and `parley say TEXT --out FILE.wav` (the shipped voice,
-offline: how a reply will sound).
+config` (the effective configuration), `parley say TEXT --out FILE.wav` (the shipped voice,
+offline: how a reply will sound) and `parley replay REC.wav` (a call recorded with
+`record_dir`, replayed offline: when each caller turn was heard to start and to end;
+gateway/replay.py).
 
 Signals: the first SIGTERM drains (readyz 503, new calls 503, live calls continue up to
 drain_timeout_s, then session.migrate and close), and the process exits 0 when no calls
@@ -22,6 +24,7 @@ from aiohttp import web
 
 from . import config as config_module
 from . import logs
+from . import replay as replay_module
 from .app import CALLS_KEY, create_app
 from .registry import CallRegistry
 from .ice import use_host_addresses
@@ -39,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     say = commands.add_parser("say", help="speak TEXT with the shipped voice into a WAV file and exit")
     say.add_argument("text", help="what to say (numbers, money, dates and times are read out)")
     say.add_argument("--out", required=True, help="the WAV file to write (22.05 kHz, 16-bit mono)")
+    replay = commands.add_parser("replay", help="replay a call recorded with record_dir through the echo suppressor "
+                                                 "and the recognizer, and report its turns")
+    replay_module.add_arguments(replay)
     return parser
 
 
@@ -87,6 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "say":
         return say(args.text, args.out)
+    if args.command == "replay":
+        return replay_module.run(args)
     try:
         config = config_module.load(args)
     except config_module.ConfigError as exc:

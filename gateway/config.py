@@ -64,7 +64,7 @@ class Config:
     idle_prompt_s: float = 15.0  # conversation: a caller silent this long is asked if they are still there
     idle_hangup_s: float = 15.0  # ... and after this much more silence the call ends (reason idle)
     max_turn_s: float = 30.0  # conversation: a caller talking this long without a pause gets an answer anyway
-    record_dir: str = ""  # conversation: write each call's inbound audio and echo reference here (a 2-channel WAV for bench/replay_call.py); empty = off
+    record_dir: str = ""  # conversation: write each call's inbound audio and echo reference here (a 2-channel WAV for `parley replay`); empty = off
     redis_url: str = ""  # sessions and the node registry in Redis (redis://host:6379/0); empty = in memory
     node_id: str = ""  # this node's name in the registry and in leases; random per process when unset
     public_url: str = ""  # how clients reach this node (http://10.0.0.5:8080); drained calls are sent to peers' URLs

@@ -3,8 +3,8 @@
 With `record_dir` set, each conversation writes one 16 kHz stereo WAV: the left channel is
 the caller's audio as the jitter buffer delivered it (before echo suppression), the right
 channel is Parley's own output as the echo suppressor lined it up against that frame. The
-pair is exactly what `EchoSuppressor.process` consumed, so `bench/replay_call.py` can run
-the suppressor and the recognizer over a live call again, frame for frame, and try other
+pair is exactly what `EchoSuppressor.process` consumed, so `parley replay` (gateway/replay.py)
+can run the suppressor and the recognizer over a live call again, frame for frame, and try other
 settings or weights on it. Recordings hold the caller's voice: opt-in, and the operator's
 to protect.
 """

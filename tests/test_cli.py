@@ -126,3 +126,34 @@ def test_say_writes_the_shipped_voice_to_a_wav(tmp_path):
     empty = subprocess.run([sys.executable, "-m", "gateway", "say", "  ", "--out", str(tmp_path / "x.wav")],
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "nothing to say" in empty.stderr
+
+
+def test_replay_reports_the_turns_of_a_recorded_call(tmp_path):
+    """A recording as a gateway with record_dir writes it: half a second of quiet, one spoken
+    utterance (no reply on the reference channel), then quiet. `parley replay` finds the one
+    caller turn, when its speech started and when the recognizer ended it."""
+    from gateway.echo_suppressor import FRAME
+    from gateway.recording import CallRecording
+    from engine.wavfile import read_wav
+    from tests.test_stt_shipped import SPEECH
+
+    speech = (read_wav(SPEECH / "flite_slt-020.wav", 16000) * 32767).astype(np.int16)
+    inbound = np.concatenate([np.zeros(8000, np.int16), speech, np.zeros(16000 * 3, np.int16)])
+    inbound = inbound[:len(inbound) // FRAME * FRAME]
+    recording = CallRecording(tmp_path / "call.wav")
+    for start in range(0, len(inbound), FRAME):
+        recording.write(inbound[start:start + FRAME], np.zeros(FRAME, np.int16))
+    recording.close()
+    done = subprocess.run([sys.executable, "-m", "gateway", "replay", str(tmp_path / "call.wav"), "--json",
+                           "--fresh-lead", "0.5"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["settings"]["fresh_lead_s"] == 0.5
+    assert report["duration_s"] == round(len(inbound) / 16000, 2)
+    [turn] = report["turns"]
+    assert 0.5 <= turn["start_s"] < 1.5 and turn["over_reply"] is False  # the clip opens with its own quiet
+    assert turn["speech_start_ms"] is not None and turn["end_of_turn_ms"]["call"] is not None, report
+    assert turn["ended_early"] == 0
+    lines = subprocess.run([sys.executable, "-m", "gateway", "replay", str(tmp_path / "call.wav")],
+                           capture_output=True, text=True, timeout=300)
+    assert lines.returncode == 0 and "over reply: False" in lines.stdout, lines.stderr

@@ -24,8 +24,8 @@ from engine.tts import SHIPPED_WEIGHTS as TTS_WEIGHTS
 from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
 from engine.wavfile import read_wav
-from tests.kit.replay import replay
 from gateway.recording import read_recording
+from gateway.replay import replay
 from tests.kit.peer import RATE, Caller
 from tests.kit.signals import resample
 from tests.test_resume import DEADLINE_S

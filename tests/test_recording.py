@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import wave
 
 import numpy as np
 import pytest
 
-from tests.kit.replay import suppress
+from gateway.cli import main as parley
 from gateway.config import Config, ConfigError
 from gateway.echo_suppressor import FRAME, EchoSuppressor
 from gateway.recording import CallRecording, read_recording
+from gateway.replay import suppress
 
 
 def test_frames_round_trip(tmp_path):
@@ -64,11 +66,9 @@ def test_record_dir_must_exist(tmp_path):
         Config(record_dir=str(tmp_path / "missing")).validate()
 
 
-def test_replaying_something_that_is_not_a_recording_says_so(tmp_path):
-    from tests.kit.replay import main
-
+def test_replaying_something_that_is_not_a_recording_says_so(tmp_path, capsys):
     (tmp_path / "notes.wav").write_text("not audio")
-    with pytest.raises(SystemExit, match="replay_call: .*RIFF"):
-        main([str(tmp_path / "notes.wav")])
-    with pytest.raises(SystemExit, match="replay_call: .*No such file"):
-        main([str(tmp_path / "missing.wav")])
+    assert parley(["replay", str(tmp_path / "notes.wav")]) == 2
+    assert re.match(r"parley replay: .*RIFF", capsys.readouterr().err)
+    assert parley(["replay", str(tmp_path / "missing.wav")]) == 2
+    assert re.match(r"parley replay: .*No such file", capsys.readouterr().err)

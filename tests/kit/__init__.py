@@ -7,7 +7,6 @@
     ports         a free local port
     browser       headless Chromium's flags for a fake microphone
     metrics       one /metrics scrape as {sample: value}
-    replay        a recorded call replayed through the echo suppressor and the recognizer
     sipp          SIPp callers for the SIP bridge
     fuzz_targets  the gateway's input parsers as bytes-in fuzz targets, with valid seeds
 

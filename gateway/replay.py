@@ -1,4 +1,5 @@
-"""Replay a recorded call through the echo suppressor and the recognizer, offline.
+"""`parley replay REC.wav`: a recorded call replayed through the echo suppressor and the
+recognizer, offline.
 
 A gateway started with `record_dir` writes what the recognizer's side of each call was
 given (gateway/recording.py). This replays it frame for frame, as the conversation did, and
@@ -13,27 +14,25 @@ The two see the same audio for the turn itself and differ only in what came befo
 earlier audio (a streaming model's state should forget it; one that does not turns the same
 words into turns that end 100 ms or 1.3 s after the last word).
 
-    .venv/bin/python bench/replay_call.py recordings/20261130T170000-ses_x.wav --json
+The recognizer is Parley's SSM recognizer, which decides when speech starts and when a turn
+ends whatever `stt_model` reads the words (engine/models.py).
 
-It lives in the test kit because tests replay recorded calls too (tests/test_conversation_call.py,
-tests/test_recording.py); bench/replay_call.py is its command line.
+    parley replay recordings/20261130T170000-ses_x.wav --json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import wave
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
-import torch
 
-from engine.interface import EndOfTurn, SpeechStart
-from engine.stt import Recognizer, SttModel, load_model
-from gateway.echo_suppressor import FRAME, EchoSuppressor
-from gateway.recording import SAMPLE_RATE, read_recording
+from .echo_suppressor import FRAME, EchoSuppressor
+from .recording import SAMPLE_RATE, read_recording
 
 SOUND_DBFS = -50.0  # a 20 ms inbound frame above this carries the caller's sound
 TURN_GAP_S = 1.0  # quieter stretches shorter than this stay inside one turn (the v2v bench's rule)
@@ -63,15 +62,17 @@ def caller_turns(inbound: np.ndarray) -> list[tuple[float, float]]:
     return [(a, b) for a, b in turns]
 
 
-@torch.no_grad()
-def recognize(model: SttModel, audio: np.ndarray, offset_s: float,
+def recognize(model: Any, audio: np.ndarray, offset_s: float,
               turn_end_probability: Optional[float] = None) -> list[tuple[float, str]]:
-    """(time s on the call's clock, "start" | "end") for every SpeechStart and EndOfTurn."""
-    recognizer, events = Recognizer(model, turn_end_probability=turn_end_probability), []
+    """(time s on the call's clock, "start" | "end") for every SpeechStart and EndOfTurn.
+    model: engine.load_ssm_model()'s."""
+    import engine
+
+    recognizer, events = engine.ssm_recognizer(model, turn_end_probability=turn_end_probability), []
     for start in range(0, len(audio), FRAME):
         for event in recognizer.push(audio[start:start + FRAME]):
-            if isinstance(event, (SpeechStart, EndOfTurn)):
-                kind = "start" if isinstance(event, SpeechStart) else "end"
+            if isinstance(event, (engine.SpeechStart, engine.EndOfTurn)):
+                kind = "start" if isinstance(event, engine.SpeechStart) else "end"
                 events.append((offset_s + (start + FRAME) / SAMPLE_RATE, kind))
     return events
 
@@ -84,8 +85,9 @@ def first_after(events: list[tuple[float, str]], kind: str, t: float, until: flo
     return None
 
 
-def replay(inbound: np.ndarray, reference: np.ndarray, model: SttModel, fresh_lead_s: float,
+def replay(inbound: np.ndarray, reference: np.ndarray, model: Any, fresh_lead_s: float,
            turn_end_probability: Optional[float] = None) -> dict:
+    """The report for one recording's two channels; model: engine.load_ssm_model()'s."""
     heard = suppress(inbound, reference)
     whole = recognize(model, heard, 0.0, turn_end_probability)
     turns = caller_turns(inbound)
@@ -127,28 +129,36 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recording", type=Path, help="a WAV written by a gateway with record_dir set")
-    parser.add_argument("--stt-weights", type=Path, default=None, help="STT safetensors (default: shipped)")
+    parser.add_argument("--stt-weights", type=Path, default=None,
+                        help="the SSM recognizer's safetensors (default: shipped)")
     parser.add_argument("--fresh-lead", type=float, default=2.0, help="s of audio a fresh recognizer hears before each turn")
     parser.add_argument("--turn-end-probability", type=float, default=None,
-                        help="P(end) that closes a turn (default: the engine's, engine.stt.TURN_END_PROBABILITY)")
+                        help="P(end) that closes a turn (default: the engine's)")
     parser.add_argument("--json", action="store_true", help="print the full JSON report")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`parley replay`: the report printed; 2 with a message when the file is not a recording."""
+    import engine
+
     try:
         inbound, reference = read_recording(args.recording)
     except (OSError, EOFError, ValueError, wave.Error) as exc:
-        raise SystemExit(f"replay_call: {exc}") from None
-    report = replay(inbound, reference, load_model(args.stt_weights), args.fresh_lead, args.turn_end_probability)
+        print(f"parley replay: {exc}", file=sys.stderr)
+        return 2
+    engine.use_threads(1)
+    report = replay(inbound, reference, engine.load_ssm_model(args.stt_weights), args.fresh_lead,
+                    args.turn_end_probability)
     report["settings"] = {"recording": str(args.recording), "stt_weights": str(args.stt_weights or ""),
                           "fresh_lead_s": args.fresh_lead, "turn_end_probability": args.turn_end_probability}
     if args.json:
         print(json.dumps(report, indent=1))
-        return
+        return 0
     for row in report["turns"]:
         print(f"{row['start_s']:8.2f}-{row['end_s']:<8.2f} over reply: {row['over_reply']!s:5} "
               f"speech start {row['speech_start_ms']} ms, end of turn {row['end_of_turn_ms']['call']} ms "
               f"(fresh: {row['end_of_turn_ms']['fresh']} ms), ended early {row['ended_early']}x")
     print(json.dumps({k: v for k, v in report.items() if k != "turns"}))
+    return 0
