@@ -1,5 +1,9 @@
 """Gateway capacity: how many concurrent echo-test calls one Parley process carries on time.
 
+Over 400 lines, kept as one script: the gateway process, the worker processes that host the
+callers and the window arithmetic are read together to trust one figure, nothing else uses
+them, and about 50 lines are this description of the method.
+
 How it runs
 -----------
 1. Starts the gateway as its own process (`python -m gateway serve`, echo-test mode, call.stats

@@ -2,6 +2,10 @@
 reply, heard at the browser; and barge-in stop latency: from the caller starting to talk
 over a reply to Parley's audio being gone at the browser.
 
+Over 400 lines, kept as one script: the run and its offline analysis share one clock and one
+set of thresholds and are read together; a quarter of the file is this description and the
+page's recorder (JavaScript strings).
+
 How it runs
 -----------
 1. Builds a caller WAV: a lead-in (the greeting plays meanwhile), then --turns utterances of

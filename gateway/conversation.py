@@ -1,5 +1,9 @@
 """The conversation loop: one call's turn-taking between the caller and Parley.
 
+Over 400 lines, kept as one module: it is the turn state machine alone, and each handler here
+reads and moves the same call's state (turn, reply, idle clock, recognizer stream); the reply
+pipeline, barge-in and speculation are their own modules already.
+
     listening ─SpeechStart─► user_speaking ─EndOfTurn─► responding ─first audio─► speaking
         ▲                                                                          │
         └──────────────── reply played out, or the caller barged in ◄──────────────┘

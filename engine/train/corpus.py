@@ -1,5 +1,8 @@
 """Offline text corpus for STT training: general English plus contact-center dialogue.
 
+Over 400 lines, kept as one module: most of it is word lists and small sentence templates
+(t_*), a few lines each, which are easier to review side by side than spread out.
+
 An utterance is a list of *segments* (what a TTS engine is asked to say, with its
 punctuation) and one normalized target `text`. The synthesizer joins segments with
 300-900 ms of silence: these are the mid-turn pauses the end-of-turn head must not

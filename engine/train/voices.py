@@ -1,5 +1,9 @@
 """The synthetic speakers: Kokoro-82M, Piper joe (+ WORLD pitch/formant shift), espeak-ng, flite.
 
+Over 400 lines, kept as one module: a speaker id means a voice only together with the code
+that renders it, so the catalog (seeds -> parameters, what is held out) and the engines stay
+side by side.
+
 A `Speaker` is a small frozen record (engine + parameters); its id names it in shard
 metadata. Every speaker is a pure function of an integer seed, so a speaker id means
 the same voice on every machine.
