@@ -40,6 +40,7 @@ TTS_TEXT_PIECE_CHARS = 64  # text is queued in pieces this long ...
 TTS_READY_FRAMES = 2 * TTS_CHUNK_FRAMES  # ... and phonemized and encoded only while a stream has fewer
 # frames ready: a long reply's text is spread over many ticks instead of stalling one tick for all.
 TTS_ENCODE_MIN_IDS = 32  # ids gathered before one encoder call (each call has a fixed cost)
+TTS_RENDER_THREADS = 2  # renders at once: a reply's next chunk need not wait behind another's
 RENDER_BUSY_WINDOW_S = 2.0  # admission looks at the renderer's busy share over this long
 _END_TEXT = object()  # inbox marker: the reply's text is complete
 
@@ -135,21 +136,24 @@ RenderBatch = list[tuple["RuntimeTtsStream", Chunk, list[WordMark]]]
 
 
 class RenderWorker:
-    """Piper's flow and decoder on their own thread: a render takes 40-100 ms of a core, longer
+    """Piper's flow and decoder on their own threads: a render takes 20-100 ms of a core, longer
     than a tick, so the tick (STT frames, text encoding) hands batches over instead of waiting.
-    onnxruntime computes without the GIL, so the two run side by side on two cores.
+    onnxruntime computes without the GIL, so renders and ticks run side by side on the cores.
+    One stream has one chunk in flight at a time, so its audio stays in order.
 
     Batches run oldest first, a reply's first chunk ahead of the rest; `done(batch, pcm or
-    exception)` is called on this thread."""
+    exception)` is called on the thread that rendered it."""
 
-    def __init__(self, done: Callable[[RenderBatch, "list[np.ndarray] | BaseException"], None]) -> None:
+    def __init__(self, done: Callable[[RenderBatch, "list[np.ndarray] | BaseException"], None],
+                 threads: int = TTS_RENDER_THREADS) -> None:
         self._done = done
         self._queue: collections.deque = collections.deque()
         self._ready = threading.Condition()
         self._closed = False
         self._spans: collections.deque = collections.deque()  # (ended, seconds) of recent renders
-        self._thread = threading.Thread(target=self._run, name="tts-render", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"tts-render-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, batch: RenderBatch, first: bool = False) -> None:
         """Queue a batch; `first` (a reply's first audio) goes ahead of the others' next chunks,
@@ -166,13 +170,15 @@ class RenderWorker:
         with self._ready:
             while self._spans and self._spans[0][0] < now - RENDER_BUSY_WINDOW_S:
                 self._spans.popleft()
-            return sum(seconds for _, seconds in self._spans) / RENDER_BUSY_WINDOW_S + (1.0 if self._queue else 0.0)
+            busy = sum(seconds for _, seconds in self._spans) / (RENDER_BUSY_WINDOW_S * len(self._threads))
+            return busy + (1.0 if self._queue else 0.0)
 
     def close(self) -> None:
         with self._ready:
             self._closed = True
             self._ready.notify_all()
-        self._thread.join(5.0)
+        for thread in self._threads:
+            thread.join(5.0)
 
     def _run(self) -> None:
         while True:
