@@ -78,6 +78,7 @@ class Config:
     openai_model: str = ""  # openai: the model name the endpoint expects
     openai_api_key: str = ""  # openai: sent as a Bearer token; never printed or logged
     system_prompt: str = ""  # openai: empty = a short spoken-answers voice-assistant prompt
+    openai_tools: bool = True  # openai: offer the transfer_to_human and end_call tools (off for servers without tool calls)
     webhook_url: str = ""  # webhook: the conversation is POSTed here as JSON, the reply streamed back
     webhook_token: str = ""  # webhook: sent as a Bearer token when set; never printed or logged
     responder_timeout_s: float = 5.0  # openai/webhook: the first words of a reply must arrive within this

@@ -632,3 +632,52 @@ async def test_webhook_bad_ndjson(stub, body, problem):
         with pytest.raises(ResponderError, match=problem) as excinfo:
             await collect(responder.respond([user("hello")]))
     assert excinfo.value.code == "responder_bad_reply"
+
+
+def sse_tool_call(index, name=None, arguments=None, finish=None) -> str:
+    function = {k: v for k, v in (("name", name), ("arguments", arguments)) if v is not None}
+    call = {"index": index, "function": function, **({"id": "call_1", "type": "function"} if name else {})}
+    chunk = {"id": "c1", "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+async def test_openai_tool_calls_become_actions_after_the_text(stub):
+    async def transfer(request):  # the arguments arrive in pieces, as OpenAI streams them
+        return await stub.sse(request, [sse_chunk("Let me connect you."),
+                                        sse_tool_call(0, "transfer_to_human", '{"rea'),
+                                        sse_tool_call(0, arguments='son": "asked for  a person"}'),
+                                        sse_chunk(None, finish="tool_calls"), "data: [DONE]\n\n"])
+
+    stub.handler = transfer
+    async with openai(stub) as responder:
+        deltas = await collect(responder.respond([user("can i talk to a person")]))
+    assert deltas == ["Let me connect you.", Handoff(reason="asked for a person")]
+    offered = [tool["function"]["name"] for tool in stub.requests[0]["tools"]]
+    assert offered == ["transfer_to_human", "end_call"]
+
+    stub.handler = lambda request: web.json_response({"choices": [{"message": {
+        "content": "Goodbye.", "tool_calls": [{"index": 0, "function": {"name": "end_call", "arguments": "{}"}}]},
+        "finish_reason": "tool_calls"}]})
+    async with openai(stub) as responder:
+        assert await collect(responder.respond([user("that's all")])) == ["Goodbye.", EndCall()]
+
+
+@pytest.mark.parametrize("name, arguments, problem", [
+    ("launch_rocket", "{}", "unknown tool 'launch_rocket'"),
+    ("transfer_to_human", "{not json", "are not JSON"),
+])
+async def test_openai_bad_tool_calls_are_clear_errors(stub, name, arguments, problem):
+    stub.handler = lambda request: stub.sse(request, [sse_tool_call(0, name, arguments, finish="tool_calls"),
+                                                      "data: [DONE]\n\n"])
+    async with openai(stub) as responder:
+        with pytest.raises(ResponderError, match=problem) as excinfo:
+            await collect(responder.respond([user("hi")]))
+    assert excinfo.value.code == "responder_bad_reply"
+
+
+async def test_openai_tools_can_be_turned_off(stub):
+    stub.handler = stub.sse_reply
+    async with openai(stub, openai_tools=False) as responder:
+        assert "".join(await collect(responder.respond([user("hi")]))) == "Hello there, caller."
+    assert "tools" not in stub.requests[0]

@@ -47,7 +47,7 @@ def make_responder(config: Config, *, session_id: str = "", http: Optional[aioht
     if config.responder == "openai":
         return OpenAIResponder(config.openai_base_url, config.openai_model, config.openai_api_key,
                                config.system_prompt, config.responder_timeout_s,
-                               config.responder_total_timeout_s, http)
+                               config.responder_total_timeout_s, http, config.openai_tools)
     if config.responder == "webhook":
         return WebhookResponder(config.webhook_url, session_id, config.webhook_token,
                                 config.responder_timeout_s, config.responder_total_timeout_s, http)
