@@ -1,25 +1,30 @@
 """SIP calls end to end with a real peer (SIPp): a caller speaking G.711 RTP from a recorded
-voice, a DTMF key, hold and unhold, BYE; a transfer by REFER; twenty calls at once; and
-malformed datagrams. The gateway is the real one (create_app) with its real engine where
-speech is involved (Whisper tiny.en reads the caller). The other edges (INVITE floods beyond
-sip_max_calls, sources outside sip_allowed_networks, failed transfers, SIGTERM drain,
-REGISTER with digest auth) are in tests/test_sip_edges.py."""
+voice, a DTMF key, hold and unhold, BYE; a transfer by REFER when the caller presses 0 or
+asks for an agent in words; twenty calls at once; and malformed datagrams. The gateway is
+the real one (create_app) with its real engine where speech is involved (Whisper tiny.en
+reads the caller). The other edges (INVITE floods beyond sip_max_calls, sources outside
+sip_allowed_networks, failed transfers, SIGTERM drain, REGISTER with digest auth) are in
+tests/test_sip_edges.py."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import engine
 from engine import SpeechEngine
 from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
 from gateway.app import SIP_KEY
 from tests.conftest import missing
-from tests.kit.sipp import CALLER_WAV, EVENT_DEADLINE_S, SIPP, SipEvents, dtmf_capture, free_udp_port, run_sipp, \
-    scenario, ulaw_file
+from tests.kit.sipp import CALLER_WAV, EVENT_DEADLINE_S, SIPP, SipEvents, dtmf_capture, free_udp_port, \
+    rtp_capture, run_sipp, scenario, ulaw_file
 
 pytestmark = pytest.mark.timeout(600)  # whole-suite cost: about two minutes on a busy 2-core machine
 DEADLINE_S = EVENT_DEADLINE_S
@@ -35,8 +40,9 @@ def voice():
         return TtsModel(TtsConfig(width=64, encoder_depth=1)).eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def whisper_engine():
+    """One per test: a gateway's shutdown closes the engine it was given."""
     return SpeechEngine("whisper-tiny.en", tts_model=voice(), max_streams=4, device="cpu", num_threads=1)
 
 
@@ -111,13 +117,49 @@ async def test_pressing_zero_for_an_agent_transfers_the_call_by_refer(start_gate
                     '    transfer: sip:agent@127.0.0.1:5999\n')
     gateway, agent, events = await sip_gateway(start_gateway, mode="conversation", responder="scripted",
                                                flow_file=str(flow), speech_engine=_small_engine())
-    path = scenario("referee", tmp_path, dtmf_pcap=dtmf_capture("0"))
+    path = scenario("referee", tmp_path, caller_pcap=dtmf_capture("0"))
     status, output = await run_sipp(path, agent.port)
     assert status == 0, output
     assert [e["digit"] for e in events.all("dtmf")] == ["0"]
     assert events.all("session.handoff")[0]["target"] == "sip:agent@127.0.0.1:5999"
     assert events.all("transfer.ended")[0]["ok"] is True
     await events.wait(lambda: 'outcome="transferred"' in gateway.registry.metrics.exposition().decode())
+
+
+async def test_asking_for_an_agent_in_words_transfers_the_call_by_refer(start_gateway, whisper_engine, tmp_path):
+    """The caller says "I'd like to talk to an agent, please." (Parley's voice, offline, as
+    PCMU RTP replayed by SIPp, then 1.5 s of silence to end the turn): Whisper reads the words,
+    the flow's agent intent matches its keyword and hands off with the transfer target, and
+    Parley REFERs the caller there (SIPp checks Refer-To, answers 202 and NOTIFYs 100, 200)."""
+    need_sipp()
+    flow = tmp_path / "flow.yaml"
+    flow.write_text('greeting: "Hello."\nfallback: "Sorry?"\nintents:\n  agent:\n'
+                    '    keywords: [agent, person]\n    reply: "Connecting you."\n'
+                    '    transfer: sip:agent@127.0.0.1:5999\n')
+    gateway, agent, events = await sip_gateway(start_gateway, mode="conversation", responder="scripted",
+                                               flow_file=str(flow), speech_engine=whisper_engine)
+    speech = rtp_capture(ulaw_file(_spoken("I'd like to talk to an agent, please.", tmp_path / "ask.wav"),
+                                   tmp_path / "ask.ulaw", lead_s=0.5, tail_s=1.5), tmp_path / "ask.pcap")
+    path = scenario("referee", tmp_path, caller_pcap=speech)
+    status, output = await run_sipp(path, agent.port)
+    finals = [e["text"] for e in events.all("transcript.final")]
+    assert status == 0, (finals, output)
+    assert "agent" in " ".join(finals).lower(), finals
+    assert not events.all("dtmf")
+    assert events.all("session.handoff")[0]["target"] == "sip:agent@127.0.0.1:5999"
+    assert events.all("transfer.ended")[0]["ok"] is True  # the REFER was accepted (202) and the NOTIFYs followed
+    await events.wait(lambda: 'outcome="transferred"' in gateway.registry.metrics.exposition().decode())
+
+
+def _spoken(text: str, path: Path) -> Path:
+    """`text` spoken in Parley's voice (engine.say); flite's where the shipped voice cannot load."""
+    try:
+        engine.say(text, str(path))
+    except Exception:
+        if shutil.which("flite") is None:
+            missing("neither Parley's voice nor flite can speak the caller's words")
+        subprocess.run(["flite", "-t", text, "-o", str(path)], check=True)
+    return path
 
 
 def _small_engine() -> SpeechEngine:

@@ -2,7 +2,8 @@
 
 Scenarios live in tests/sip_scenarios/*.xml with @NAME@ placeholders (SIPp reads no
 variables in rtp_stream or play_pcap_audio paths); the caller's audio is a raw G.711 file
-encoded here from a WAV with the standard library's reference codec, never committed.
+encoded here from a WAV with the standard library's reference codec (for play_pcap_audio,
+a pcap of it as RTP packets), never committed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
+import struct
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -43,6 +45,35 @@ def ulaw_file(wav: Path, out: Path, lead_s: float = 0.5, tail_s: float = 3.0) ->
     pcm = np.concatenate([np.zeros(int(lead_s * 8000), np.int16), pcm, np.zeros(int(tail_s * 8000), np.int16)])
     out.write_bytes(audioop.lin2ulaw(pcm.tobytes(), 2))
     return out
+
+
+def rtp_capture(ulaw: Path, out: Path, payload_type: int = 0) -> Path:
+    """A pcap of `ulaw` (raw 8 kHz G.711, as ulaw_file writes) as RTP in 20 ms packets, for a
+    scenario's play_pcap_audio (SIPp replays the packets' payloads at their capture times,
+    from its media port to the callee's). Ethernet, IPv4 and UDP headers as a capture has them."""
+    audio = ulaw.read_bytes()
+    audio += b"\xff" * (-len(audio) % 160)  # a whole last packet, padded with G.711 silence
+    frames = [audio[i:i + 160] for i in range(0, len(audio), 160)]
+    packets = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)]
+    for n, frame in enumerate(frames):
+        marker = 0x80 if n == 0 else 0
+        rtp = struct.pack("!BBHII", 0x80, marker | payload_type, n & 0xFFFF, n * 160, 0x5041524C) + frame
+        udp = struct.pack("!HHHH", 6000, 6000, 8 + len(rtp), 0) + rtp
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), n & 0xFFFF, 0, 64, 17, 0,
+                         socket.inet_aton("127.0.0.1"), socket.inet_aton("127.0.0.1"))
+        ip = ip[:10] + struct.pack("!H", _ip_checksum(ip)) + ip[12:]
+        frame_bytes = b"\x00" * 12 + b"\x08\x00" + ip + udp
+        size = len(frame_bytes)
+        packets.append(struct.pack("<IIII", n // 50, (n % 50) * 20000, size, size) + frame_bytes)
+    out.write_bytes(b"".join(packets))
+    return out
+
+
+def _ip_checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
 
 
 def scenario(name: str, out_dir: Path, **values: object) -> Path:
