@@ -135,16 +135,15 @@ async def test_sigterm_drains_live_sip_calls_then_hangs_up_and_exits_zero(http, 
     proc, url, sip_port = await sip_server("--drain-timeout-s", str(DRAIN_TIMEOUT_S))
     try:
         await processes.wait_ready(http, url)
-        stays = asyncio.create_task(run_sipp(scenario("awaits_bye", tmp_path, wait_ms=30000), sip_port,
-                                             media_port=26100))
-        leaves = asyncio.create_task(run_sipp(scenario("flood", tmp_path, hold_ms=3000), sip_port, media_port=26200))
+        stays = asyncio.create_task(run_sipp(scenario("awaits_bye", tmp_path, wait_ms=30000), sip_port))
+        leaves = asyncio.create_task(run_sipp(scenario("flood", tmp_path, hold_ms=3000), sip_port))
         await until(lambda: active_calls(http, url, 2))
         proc.send_signal(signal.SIGTERM)
         sigterm_at = time.monotonic()
         await until(lambda: draining(http, url))
         late = tmp_path / "late"
         late.mkdir()
-        status, output = await run_sipp(scenario("flood", late, hold_ms=0), sip_port, media_port=26300)
+        status, output = await run_sipp(scenario("flood", late, hold_ms=0), sip_port)
         assert status == 0, output
         assert await server_metric(http, url, 'parley_sip_calls_total{outcome="unavailable"}') == 1
         assert not leaves.done(), "the caller hung up before the drain began: the test's timing is off"
@@ -167,7 +166,7 @@ async def test_sigterm_exits_as_soon_as_the_last_sip_call_ends(http, tmp_path):
     proc, url, sip_port = await sip_server("--drain-timeout-s", "60")
     try:
         await processes.wait_ready(http, url)
-        leaves = asyncio.create_task(run_sipp(scenario("flood", tmp_path, hold_ms=4000), sip_port, media_port=26400))
+        leaves = asyncio.create_task(run_sipp(scenario("flood", tmp_path, hold_ms=4000), sip_port))
         await until(lambda: active_calls(http, url, 1))
         proc.send_signal(signal.SIGTERM)
         sigterm_at = time.monotonic()

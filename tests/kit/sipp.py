@@ -9,12 +9,15 @@ a pcap of it as RTP packets), never committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import shutil
 import socket
 import struct
 import warnings
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -86,13 +89,30 @@ def scenario(name: str, out_dir: Path, **values: object) -> Path:
 
 
 async def run_sipp(scenario_path: Path, sip_port: int, calls: int = 1, rate: int = 10,
-                   media_port: int = 26000, extra: tuple[str, ...] = (),
+                   media_port: Optional[int] = None, extra: tuple[str, ...] = (),
                    local_ip: str = "127.0.0.1") -> tuple[int, str]:
     """Run SIPp against 127.0.0.1:sip_port until its calls end; (exit status, output).
     SIPp exits 0 only when every call followed the scenario. `local_ip` is the address SIPp
-    sends from (127.0.0.2 is another source on the loopback)."""
+    sends from (127.0.0.2 is another source on the loopback); its RTP ports are free ones
+    unless `media_port` is given (a fixed port fails when another run holds it)."""
+    media_port = media_port or free_media_port(local_ip)
     return await _sipp(scenario_path, f"127.0.0.1:{sip_port}", "-m", str(calls), "-l", str(calls), "-r", str(rate),
                        "-i", local_ip, "-p", "0", "-mp", str(media_port), *extra)
+
+
+def free_media_port(address: str = "127.0.0.1") -> int:
+    """An even UDP port with the three above it free too (SIPp's audio and video RTP/RTCP)."""
+    for _ in range(200):
+        port = random.randrange(20000, 60000, 2)
+        try:
+            with contextlib.ExitStack() as held:
+                for offset in range(4):
+                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+                    sock.bind((address, port + offset))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free UDP port range for SIPp's media")
 
 
 async def serve_sipp(scenario_path: Path, sip_port: int, calls: int = 1, local_ip: str = "127.0.0.1",
