@@ -135,6 +135,15 @@ class RuntimeTtsStream(RuntimeStream[TtsEvent]):
 RenderBatch = list[tuple["RuntimeTtsStream", Chunk, list[WordMark]]]
 
 
+def render_batch(batch: RenderBatch) -> "list[np.ndarray] | BaseException":
+    """One batch's int16 audio per stream, or the exception that failed the shared call (every
+    stream in it fails; the caller goes on)."""
+    try:
+        return [to_int16(audio) for audio in render([chunk for _, chunk, _ in batch])]
+    except Exception as exc:  # noqa: BLE001 - returned: the batch's streams fail, not the thread
+        return exc
+
+
 class RenderWorker:
     """Piper's flow and decoder on their own threads: a render takes 20-100 ms of a core, longer
     than a tick, so the tick (STT frames, text encoding) hands batches over instead of waiting.
@@ -189,11 +198,7 @@ class RenderWorker:
                     return
                 batch = self._queue.popleft()
             started = time.perf_counter()
-            try:
-                result: "list[np.ndarray] | BaseException" = [
-                    to_int16(audio) for audio in render([chunk for _, chunk, _ in batch])]
-            except Exception as exc:  # noqa: BLE001 - the streams of this batch fail, the worker goes on
-                result = exc
+            result = render_batch(batch)
             ended = time.perf_counter()
             with self._ready:
                 self._spans.append((ended, ended - started))
@@ -339,12 +344,7 @@ class TtsStepper(SlotTable):
         return 1 << (size.bit_length() - 1)
 
     def _render_inline(self, batch: RenderBatch, report: StepReport) -> None:
-        try:
-            result: "list[np.ndarray] | BaseException" = [
-                to_int16(audio) for audio in render([chunk for _, chunk, _ in batch])]
-        except Exception as exc:  # noqa: BLE001 - the shared call failed: every stream in it did
-            result = exc
-        self._put_audio(batch, result, report)
+        self._put_audio(batch, render_batch(batch), report)
 
     def _deliver(self, batch: RenderBatch, result: "list[np.ndarray] | BaseException") -> None:
         """On the render worker's thread: the batch's audio out, its figures to the next tick."""
