@@ -76,8 +76,7 @@ from .dialog import PendingTurn, Turn
 from .echo_suppressor import EchoSuppressor
 from .events import EventChannel
 from .key_turns import KeyTurns
-from .pacer import SAMPLE_RATE as PACER_RATE
-from .pacer import PacedAudioTrack
+from .pacer import PacedAudioTrack, SentFrame
 from .recording import CallRecording
 from .reply import Reply, Speaker, StageTimes
 from .responders import Responder
@@ -168,13 +167,12 @@ class Conversation:
             self.recording.write(pcm, self.echo.last_reference)
         self.barge_in.on_audio(self._pushed_samples / STT_RATE)
 
-    def _on_sent(self, pcm48k: np.ndarray) -> None:
-        """The pacer sent a frame: it is the echo reference (decimated to 16 kHz; the TTS
-        audio has little energy above 8 kHz, so averaging three samples is filter enough),
-        and it may be the reply's first. The reference is taken from the frame as sent, not
-        from the TTS audio, because only the sent frame carries the holds, flushes and rewinds
-        exactly as the caller's loudspeaker played them."""
-        self.echo.add_reference(pcm48k.reshape(-1, PACER_RATE // STT_RATE).mean(axis=1).astype(np.int16))
+    def _on_sent(self, frame: SentFrame) -> None:
+        """The pacer sent a frame, which may be the reply's first. Its echo reference (the
+        same 20 ms, resampled by the pacer from the TTS audio straight to the recogniser's
+        rate) goes to the suppressor now, as the frame leaves: the holds, flushes and rewinds
+        reach the suppressor exactly as the caller's loudspeaker plays them."""
+        self.echo.add_reference(frame.reference)
         self.speaker.on_frame_sent()
 
     def describe(self) -> dict:

@@ -5,7 +5,8 @@ reply comes back in their microphone 60-500 ms later. Unchecked, the recognizer 
 speech and Parley interrupts itself. Parley knows exactly what it sent (the far-end
 reference), so per 20 ms frame it:
 
-1. keeps the reference (outbound audio, decimated to 16 kHz) on the inbound frame timeline;
+1. keeps the reference (the outbound audio at 16 kHz, from the pacer as each frame leaves)
+   on the inbound frame timeline;
 2. estimates the echo delay by cross-correlating the last REFERENCE_WINDOW_S of inbound
    audio with the reference (GCC-PHAT, re-estimated every DELAY_UPDATE_FRAMES while Parley
    speaks);

@@ -13,6 +13,13 @@ client that cut what was still on its way to the ear when the hold began.
 
 `until_played(sample)` is how a producer learns that its audio has gone out: a future that
 the frame carrying that sample completes (no polling), or a flush that drops it.
+
+Echo reference: each write is resampled twice from the producer's audio, to 48 kHz to send
+and to REFERENCE_RATE (the recogniser's 16 kHz) for the echo suppressor, and the two travel
+together through the queue, holds, rewinds and flushes. `on_sent` gets every frame with its
+own 20 ms of reference at the moment it leaves, so the suppressor's reference is exactly what
+the caller's loudspeaker plays, at the rate the caller's microphone is heard at, without a
+second, cruder conversion of the 48 kHz frames.
 """
 
 from __future__ import annotations
@@ -30,11 +37,19 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from engine.interface import STT_SAMPLE_RATE
+
 from .opus import OpusEncoder
 
 SAMPLE_RATE = 48000  # Opus input rate and RTP clock
 FRAME_MS = 20
 FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000  # 960
+# The echo reference's rate: the recogniser's, which the caller's audio (and so Parley's echo
+# in it) is heard at. It divides SAMPLE_RATE, so a reference sample stands for a whole number
+# of sent samples.
+REFERENCE_RATE = STT_SAMPLE_RATE
+REFERENCE_STEP = SAMPLE_RATE // REFERENCE_RATE  # 3 sent samples per reference sample
+REFERENCE_FRAME = FRAME_SAMPLES // REFERENCE_STEP  # 320: one frame's reference
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 MAX_QUEUED_S = 120  # refuse to hold more than two minutes of unsent audio
 RESYNC_LATE_S = 0.5  # a wake-up this late means the loop stalled: restart the clock, don't burst
@@ -63,15 +78,18 @@ class PacerStats:
 
 
 class _Resampler:
-    """int16 mono at any rate -> int16 mono at 48 kHz, streaming (keeps filter state)."""
+    """int16 mono at one rate -> int16 mono at another, streaming (keeps filter state).
 
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    swresample's output sample k is the input's time k / to_rate (it holds back its filter's
+    look-ahead rather than shift the signal), so two resamplers of one input stay in step."""
+
+    def __init__(self, rate: int, to_rate: int) -> None:
+        self.rate, self.to_rate = rate, to_rate
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=to_rate)
         self._pts = 0
 
     def __call__(self, pcm: np.ndarray) -> np.ndarray:
-        if self.rate == SAMPLE_RATE:
+        if self.rate == self.to_rate:
             return pcm
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.rate
@@ -80,6 +98,52 @@ class _Resampler:
         self._pts += len(pcm)
         out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int16)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A stretch of queued sound: the audio to send (48 kHz) and its echo reference
+    (REFERENCE_RATE), REFERENCE_STEP audio samples to a reference sample."""
+
+    audio: np.ndarray
+    reference: np.ndarray
+
+    def split(self, at: int) -> tuple[_Piece, _Piece]:
+        """(the first `at` audio samples, the rest), each with its share of the reference
+        (the nearest reference sample to the cut: exact on the 3:1 grid, within one off it)."""
+        cut = round(at * len(self.reference) / len(self.audio))
+        return (_Piece(self.audio[:at], self.reference[:cut]),
+                _Piece(self.audio[at:], self.reference[cut:]))
+
+
+class _PieceMaker:
+    """A producer's audio at one rate -> pieces: the audio resampled once to 48 kHz to send,
+    and once to REFERENCE_RATE for the echo reference.
+
+    The two resamplers hold back different amounts (their filters' look-ahead), so what one
+    has given beyond the other waits for the next write: every piece's reference then covers
+    exactly its audio, and pieces written one after another stay on one 3:1 grid."""
+
+    def __init__(self, rate: int) -> None:
+        self._to_send = _Resampler(rate, SAMPLE_RATE)
+        self._to_reference = _Resampler(rate, REFERENCE_RATE)
+        self._audio = np.zeros(0, dtype=np.int16)  # resampled, waiting for its reference
+        self._reference = np.zeros(0, dtype=np.int16)  # resampled, waiting for its audio
+
+    def __call__(self, pcm: np.ndarray) -> _Piece:
+        audio = np.concatenate([self._audio, self._to_send(pcm)])
+        reference = np.concatenate([self._reference, self._to_reference(pcm)])
+        matched = min(len(audio) // REFERENCE_STEP, len(reference))
+        self._audio, self._reference = audio[matched * REFERENCE_STEP:], reference[matched:]
+        return _Piece(audio[:matched * REFERENCE_STEP], reference[:matched])
+
+
+@dataclass(frozen=True)
+class SentFrame:
+    """One 20 ms frame as it left (`on_sent`)."""
+
+    audio: np.ndarray  # FRAME_SAMPLES at 48 kHz: what was encoded and sent (silence when nothing played)
+    reference: np.ndarray  # REFERENCE_FRAME at REFERENCE_RATE: the same 20 ms, for the echo suppressor
 
 
 class FrameEncoder(Protocol):
@@ -100,19 +164,19 @@ class PacedAudioTrack(MediaStreamTrack):
         self._clock = clock
         self._sleep = sleep
         self._encoder = encoder or OpusEncoder(SAMPLE_RATE, bitrate)
-        self._queue: Deque[np.ndarray] = deque()
+        self._queue: Deque[_Piece] = deque()
         self._queued_samples = 0
         self._played = 0  # audio samples sent, less any rewound: where playback has got to
-        self._recent: Deque[np.ndarray] = deque()  # the last audio sent (since the last flush), oldest first
+        self._recent: Deque[_Piece] = deque()  # the last audio sent (since the last flush), oldest first
         self._recent_samples = 0
-        self._resamplers: dict[int, _Resampler] = {}
+        self._piece_makers: dict[int, _PieceMaker] = {}  # by the producer's rate
         self._start: Optional[float] = None
         self._pts = 0
         self._lateness: Deque[float] = deque(maxlen=LATENESS_WINDOW)
-        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self._silence = SentFrame(np.zeros(FRAME_SAMPLES, dtype=np.int16), np.zeros(REFERENCE_FRAME, dtype=np.int16))
         self.held = False
         self.stats = PacerStats()
-        self.on_sent: Optional[Callable[[np.ndarray], None]] = None  # each 20 ms frame sent (echo reference)
+        self.on_sent: Optional[Callable[[SentFrame], None]] = None  # each 20 ms frame, as it leaves
         self._marks: list[tuple[int, int, asyncio.Future[bool]]] = []  # heap: (sample, order, its future)
         self._mark_order = itertools.count()  # (ties in the heap never compare futures)
 
@@ -122,16 +186,16 @@ class PacedAudioTrack(MediaStreamTrack):
         """Queue int16 mono audio at any rate; it plays after what is already queued."""
         if pcm.dtype != np.int16:
             raise TypeError("pacer takes int16 PCM")
-        resample = self._resamplers.get(sample_rate)
-        if resample is None:
-            resample = self._resamplers[sample_rate] = _Resampler(sample_rate)
-        out = resample(np.ascontiguousarray(pcm.reshape(-1)))
-        if len(out) == 0:
+        make_piece = self._piece_makers.get(sample_rate)
+        if make_piece is None:
+            make_piece = self._piece_makers[sample_rate] = _PieceMaker(sample_rate)
+        piece = make_piece(np.ascontiguousarray(pcm.reshape(-1)))
+        if len(piece.audio) == 0:
             return
-        if self._queued_samples + len(out) > MAX_QUEUED_S * SAMPLE_RATE:
+        if self._queued_samples + len(piece.audio) > MAX_QUEUED_S * SAMPLE_RATE:
             raise OverflowError("pacer queue is full")
-        self._queue.append(out)
-        self._queued_samples += len(out)
+        self._queue.append(piece)
+        self._queued_samples += len(piece.audio)
 
     def flush(self) -> int:
         """Drop everything queued; returns the dropped sample count (48 kHz). Marks waiting
@@ -178,10 +242,11 @@ class PacedAudioTrack(MediaStreamTrack):
         rewound = 0
         while rewound < rewind_samples and self._recent:
             last = self._recent.pop()
-            take = min(len(last), rewind_samples - rewound)
-            if take < len(last):
-                self._recent.append(last[:-take])
-            self._queue.appendleft(last[len(last) - take:])
+            take = min(len(last.audio), rewind_samples - rewound)
+            if take < len(last.audio):
+                kept, last = last.split(len(last.audio) - take)
+                self._recent.append(kept)
+            self._queue.appendleft(last)
             rewound += take
         self._recent_samples -= rewound
         self._queued_samples += rewound
@@ -208,11 +273,11 @@ class PacedAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         await self._wait_for_slot()
-        pcm = self._next_frame()
+        frame = self._next_frame()
         if self.on_sent is not None:
-            self.on_sent(pcm)
+            self.on_sent(frame)
         self._complete_marks(played=True)
-        packet = av.Packet(self._encoder.encode(pcm))
+        packet = av.Packet(self._encoder.encode(frame.audio))
         packet.pts = self._pts
         packet.time_base = TIME_BASE
         self._pts += FRAME_SAMPLES
@@ -235,21 +300,20 @@ class PacedAudioTrack(MediaStreamTrack):
             late = 0.0
         self._record_lateness(late * 1000.0)
 
-    def _next_frame(self) -> np.ndarray:
+    def _next_frame(self) -> SentFrame:
         if not self._queue or self.held:
             self.stats.silence_frames += 1
             self.stats.queued_ms = 0.0
             return self._silence
-        parts, need = [], FRAME_SAMPLES
+        parts: list[_Piece] = []
+        need = FRAME_SAMPLES
         while need and self._queue:
-            head = self._queue[0]
-            take = head[:need]
-            parts.append(take)
-            need -= len(take)
-            if len(take) == len(head):
-                self._queue.popleft()
-            else:
-                self._queue[0] = head[len(take):]
+            head = self._queue.popleft()
+            if len(head.audio) > need:
+                head, rest = head.split(need)
+                self._queue.appendleft(rest)
+            parts.append(head)
+            need -= len(head.audio)
         taken = FRAME_SAMPLES - need
         self._queued_samples -= taken
         self._played += taken
@@ -258,15 +322,18 @@ class PacedAudioTrack(MediaStreamTrack):
         self.stats.audio_frames += 1
         if need:
             self.stats.underruns += 1
-            parts.append(np.zeros(need, dtype=np.int16))
         self.stats.queued_ms = self.queued_ms
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        audio = _exactly(np.concatenate([part.audio for part in parts]), FRAME_SAMPLES)
+        # Exactly one frame's worth, so the suppressor's timeline advances with the frames sent
+        # (a cut off the 3:1 grid, after a rewind, can leave one reference sample over or short).
+        reference = _exactly(np.concatenate([part.reference for part in parts]), REFERENCE_FRAME)
+        return SentFrame(audio, reference)
 
-    def _remember(self, parts: list[np.ndarray]) -> None:
+    def _remember(self, parts: list[_Piece]) -> None:
         self._recent.extend(parts)
-        self._recent_samples += sum(len(part) for part in parts)
-        while self._recent_samples - len(self._recent[0]) >= REWIND_KEPT_S * SAMPLE_RATE:
-            self._recent_samples -= len(self._recent.popleft())
+        self._recent_samples += sum(len(part.audio) for part in parts)
+        while self._recent_samples - len(self._recent[0].audio) >= REWIND_KEPT_S * SAMPLE_RATE:
+            self._recent_samples -= len(self._recent.popleft().audio)
 
     def _record_lateness(self, late_ms: float) -> None:
         self._lateness.append(late_ms)
@@ -279,3 +346,10 @@ class PacedAudioTrack(MediaStreamTrack):
     def lateness_samples(self) -> list[float]:
         """Recent per-frame send lateness in ms (for benchmarks)."""
         return list(self._lateness)
+
+
+def _exactly(pcm: np.ndarray, samples: int) -> np.ndarray:
+    """`pcm` cut or padded with silence to `samples` (an underrun's frame ends in silence)."""
+    if len(pcm) >= samples:
+        return pcm[:samples]
+    return np.concatenate([pcm, np.zeros(samples - len(pcm), dtype=np.int16)])

@@ -89,7 +89,7 @@ class EchoCall:
                                          EchoResponder(), self.pacer, events, history=[], idle_prompt_s=1e9,
                                          speculate_after_s=None)
         reference = self.pacer.on_sent
-        self.pacer.on_sent = lambda frame: (reference(frame), self._outbound.append(frame))
+        self.pacer.on_sent = lambda frame: (reference(frame), self._outbound.append(frame.audio))
         self._outbound: deque = deque()
         self._echo_line = deque([np.zeros(FRAME_16K, np.float32)] * (delay_ms // 20))
         self._noise = np.random.default_rng(1)

@@ -5,8 +5,14 @@ from fractions import Fraction
 
 import numpy as np
 
+from engine.wavfile import resample
+from gateway.conversation import Conversation
+from gateway.echo_suppressor import FRAME as SUPPRESSOR_FRAME
+from gateway.echo_suppressor import SAMPLE_RATE as SUPPRESSOR_RATE
+from gateway.events import EventChannel
 from gateway.opus import OpusDecoder
-from gateway.pacer import FRAME_SAMPLES, REWIND_KEPT_S, SAMPLE_RATE, PacedAudioTrack
+from gateway.pacer import FRAME_SAMPLES, REFERENCE_FRAME, REFERENCE_RATE, REWIND_KEPT_S, SAMPLE_RATE, PacedAudioTrack
+from gateway.responders import EchoResponder
 
 
 class VirtualClock:
@@ -98,7 +104,8 @@ async def test_release_with_a_rewind_sends_the_last_audio_again():
     clock = VirtualClock()
     pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
     sent: list[np.ndarray] = []
-    pacer.on_sent = lambda pcm: sent.append(pcm.copy())
+    references: list[np.ndarray] = []
+    pacer.on_sent = lambda frame: (sent.append(frame.audio.copy()), references.append(frame.reference.copy()))
     pacer.write(tone(2.0, 24000), 24000)
     for _ in range(40):
         await pacer.recv()
@@ -113,6 +120,9 @@ async def test_release_with_a_rewind_sends_the_last_audio_again():
     before = np.concatenate(sent[:40])
     again = np.concatenate(sent[41:47])
     assert np.array_equal(again[:rewind], before[-rewind:]), "the cut audio, sample for sample"
+    echo_again, echo_before = rewind // 3, np.concatenate(references[:40])
+    assert np.array_equal(np.concatenate(references[41:47])[:echo_again], echo_before[-echo_again:]), \
+        "and its echo reference with it"
 
     pacer.hold()
     kept = pacer.release(10 * SAMPLE_RATE)
@@ -122,6 +132,41 @@ async def test_release_with_a_rewind_sends_the_last_audio_again():
     await pacer.recv()
     pacer.hold()
     assert pacer.release(10 * SAMPLE_RATE) == FRAME_SAMPLES, "nothing from before the flush"
+
+
+async def test_the_echo_reference_is_the_tts_audio_resampled_once_and_leaves_with_its_frame():
+    """What the echo suppressor gets for 22.05 kHz TTS audio is that audio resampled once to
+    16 kHz (band-limited, as engine.wavfile.resample does it offline), sample for sample, and
+    frame for frame with what is sent: a hold's frames are silent, playing on continues where
+    it stopped, nothing flushed arrives. (A copy of the 48 kHz frames averaged three samples at
+    a time misses by thousands: it lags by a 48 kHz sample and folds 10 kHz down to 6 kHz.)"""
+    assert REFERENCE_RATE == SUPPRESSOR_RATE and REFERENCE_FRAME == SUPPRESSOR_FRAME
+    clock = VirtualClock()
+    pacer = PacedAudioTrack(clock=clock, sleep=clock.sleep)
+    conversation = Conversation(None, lambda: None, EchoResponder(), pacer, EventChannel())
+    tts_rate = 22050
+    t = np.arange(tts_rate) / tts_rate
+    voice = (6000 * np.sin(2 * np.pi * 1000 * t) + 3000 * np.sin(2 * np.pi * 10000 * t)).astype(np.int16)
+    for start in range(0, len(voice), tts_rate // 10):  # 100 ms pieces, as a TTS stream gives them
+        pacer.write(voice[start:start + tts_rate // 10], tts_rate)
+    heard_by_suppressor = []
+    for k in range(60):
+        if k == 20:
+            pacer.hold()
+        elif k == 25:
+            pacer.release()
+        elif k == 40:
+            pacer.flush()
+        await pacer.recv()
+        conversation.echo.process(np.zeros(SUPPRESSOR_FRAME, np.int16))  # the inbound frame of that moment
+        heard_by_suppressor.append(conversation.echo.last_reference.copy())
+
+    played = np.concatenate(heard_by_suppressor[:20] + heard_by_suppressor[25:40]).astype(np.float64)
+    expected = resample(voice / 32768, tts_rate, REFERENCE_RATE)[:len(played)] * 32768
+    assert len(played) == 35 * REFERENCE_FRAME
+    assert np.max(np.abs(played - expected)) <= 2, "the TTS audio at 16 kHz, sample for sample"
+    silent = heard_by_suppressor[20:25] + heard_by_suppressor[40:]
+    assert not any(frame.any() for frame in silent), "held and flushed frames carry no reference"
 
 
 async def test_a_stalled_loop_restarts_the_clock_instead_of_bursting():
