@@ -36,6 +36,9 @@ from collections import deque
 from typing import Deque, Optional
 
 import numpy as np
+# numpy loads these lazily, which would be on a call's first frame, on the event loop:
+import numpy.fft  # noqa: F401
+import numpy.random  # noqa: F401
 
 SAMPLE_RATE = 16000
 FRAME = 320  # 20 ms at 16 kHz: the playout clock's frame
@@ -68,10 +71,15 @@ def _bands(n_bins: int) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(np.r_[0, edges[:-1]], edges)]
 
 
+# Computed once at import: np.unique's first use loads numpy.ma, which must not happen on
+# the event loop when a call's suppressor is built.
+BANDS = _bands(WINDOW // 2 + 1)
+
+
 class EchoSuppressor:
     def __init__(self) -> None:
         self._window, self._synthesis_window = low_delay_windows()
-        self._bands = _bands(WINDOW // 2 + 1)
+        self._bands = BANDS
         history = int((MAX_DELAY_S + REFERENCE_WINDOW_S) * SAMPLE_RATE) + WINDOW
         self._reference = np.zeros(history, dtype=np.float32)  # newest last, same timeline as _inbound
         self._inbound = np.zeros(int(REFERENCE_WINDOW_S * SAMPLE_RATE) + WINDOW, dtype=np.float32)

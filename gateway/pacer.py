@@ -292,6 +292,11 @@ class PacedAudioTrack(MediaStreamTrack):
         if deadline > now:
             await self._sleep(deadline - now)
             now = self._clock()
+        else:
+            # Behind schedule: still give the loop a turn. aiortc's sender calls recv() again
+            # at once, so without a suspension here a backlog of frames would be encoded and
+            # sent in one callback, which stalls the loop for every other call.
+            await asyncio.sleep(0)
         late = now - deadline
         if late > RESYNC_LATE_S:
             # Sending the backlog in a burst would only overflow the far end's buffer.

@@ -93,7 +93,11 @@ class Playout(BackgroundTask):
                 # The loop stalled for a long time: skip ahead rather than flood the sink.
                 tick += due - MAX_CATCH_UP_FRAMES
                 due = MAX_CATCH_UP_FRAMES
-            for _ in range(max(1, due)):
+            for i in range(max(1, due)):
+                if i:
+                    # Catching up: one frame per step of this task, so a burst after a stall
+                    # does not become one long callback that stalls the loop in turn.
+                    await asyncio.sleep(0)
                 frame = self.buffer.pull(self._clock())
                 try:
                     self._sink(frame.pcm)

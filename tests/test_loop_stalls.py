@@ -1,0 +1,99 @@
+"""Work that used to stall the event loop (issue 34): catch-up bursts after a stall run one
+frame per step, a call's first frame imports nothing, and a hung-up call leaves no task behind."""
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from gateway.pacer import PacedAudioTrack
+from gateway.playout import MAX_CATCH_UP_FRAMES, Playout
+from tests.kit.peer import RATE, Caller
+
+
+def suspends(coro) -> bool:
+    """Whether the coroutine gives the loop a turn before it finishes (then it is closed)."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return False
+    coro.close()
+    return True
+
+
+async def test_pacer_yields_to_the_loop_for_each_frame_of_a_backlog():
+    """aiortc's sender calls recv() again as soon as one returns: behind schedule, each frame
+    must still suspend once, or the backlog is encoded and sent in one long callback."""
+    now = [100.0]
+    pacer = PacedAudioTrack(clock=lambda: now[0])
+    pacer.write(np.zeros(48000, dtype=np.int16), 48000)
+    await pacer.recv()  # starts the clock at t = 100
+    now[0] += 0.2  # the loop stalled 200 ms: 10 frames are due at once (under RESYNC_LATE_S)
+    for _ in range(10):
+        assert suspends(pacer.recv()), "a frame of the backlog was sent without yielding"
+        await pacer.recv()
+
+
+async def test_playout_catch_up_delivers_one_frame_per_loop_turn():
+    """After a stall the playout delivers the missed frames (up to MAX_CATCH_UP_FRAMES), each
+    in its own step of the task, with other callbacks running in between."""
+    turns = 0
+    seen: list[int] = []
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    playout = Playout(lambda pcm: seen.append(turns))
+    worker = asyncio.get_running_loop().create_task(other_work())
+    playout.start()
+    try:
+        while len(seen) < 3:
+            await asyncio.sleep(0.005)
+        time.sleep(0.25)  # a stall: > MAX_CATCH_UP_FRAMES frames fall due at once
+        mark = len(seen)
+        while len(seen) < mark + MAX_CATCH_UP_FRAMES:
+            await asyncio.sleep(0.001)
+    finally:
+        await playout.stop()
+        worker.cancel()
+    burst = seen[mark:mark + MAX_CATCH_UP_FRAMES]
+    assert len(set(burst)) == len(burst), f"frames delivered in one loop turn: {burst}"
+
+
+def test_a_calls_echo_suppressor_imports_nothing_on_the_loop():
+    """Building a call's suppressor used to import numpy.random and numpy.ma (first call only,
+    ~50 ms of CPU on the event loop): the modules load with the gateway instead."""
+    code = ("import sys, gateway.echo_suppressor as m; before = set(sys.modules); m.EchoSuppressor()"
+            ".process(__import__('numpy').zeros(320, 'int16')); print(sorted(set(sys.modules) - before))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _call_tasks() -> set[asyncio.Task]:
+    """Live tasks other than this test's own and aiohttp's per-connection request handlers (an idle
+    keep-alive connection holds one; how many the client keeps open is not the gateway's doing)."""
+    current = asyncio.current_task()
+    return {t for t in asyncio.all_tasks()
+            if t is not current and "RequestHandler" not in getattr(t.get_coro(), "__qualname__", "")}
+
+
+async def test_a_hung_up_call_leaves_no_task_behind(start_gateway, http):
+    gateway = await start_gateway(echo_delay_ms=100, stats_interval_s=0.2)
+    idle = _call_tasks()
+    for _ in range(2):
+        caller = Caller(gateway.url, np.zeros(RATE, dtype=np.float32))
+        await caller.call(http)
+        await caller.wait_connected()
+        await caller.wait_for_event("call.stats")
+        assert len(_call_tasks()) > len(idle)
+        assert await caller.hang_up(http) == 204
+    deadline = time.monotonic() + 15
+    while (left := _call_tasks() - idle) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not left, [repr(t)[:160] for t in left]
+    assert not gateway.registry.calls
