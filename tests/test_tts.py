@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
+from engine import piper
 from engine.interface import Audio, WordMark
 from engine.text import normalize_text, phonemize, spoken_words
-from engine.tts import (CHUNK_FRAMES, CONTEXT_FRAMES, HOP, SAMPLE_RATE, SHIPPED_WEIGHTS, Synthesizer, TtsConfig,
-                        TtsModel, load_model, synthesize_offline, synthesize_whole, to_int16)
+from engine.tts import (CHUNK_FRAMES, CONTEXT_FRAMES, HOP, PRIOR_CHANNELS, SAMPLE_RATE, SHIPPED_WEIGHTS, Synthesizer,
+                        TtsConfig, TtsModel, load_model, synthesize_offline, synthesize_whole, to_int16)
 
 TEXT = "Sure, your order 4512 ships on Monday. The total is $12.50, anything else?"
 SEAM_LIMIT = 0.1  # chunked audio may differ from whole-utterance audio by this share of its RMS
@@ -90,6 +91,28 @@ def test_cancel_stops_within_one_chunk(model):
     synth.push_text("more text after cancel")  # ignored, no error
     assert list(synth.events()) == []
     assert all(len(e.pcm) <= CHUNK_FRAMES * HOP for e in first if isinstance(e, Audio))  # one chunk at most
+
+
+def test_conv2d_renderer_matches_the_voice_as_cut():
+    """The flow and decoder run as 2-D convolutions (piper._as_conv2d, for onnxruntime's faster
+    kernels) give the graph's own audio within float rounding, for a chunk and a whole window."""
+    prior = np.random.default_rng(0).normal(0, 0.6, (2, PRIOR_CHANNELS, 72)).astype(np.float32)
+    plain, conv2d = piper.FrameRenderer(conv2d=False), piper.frame_renderer()
+    for offset, frames in ((24, 24), (0, None)):
+        expected, got = plain(prior, offset, frames), conv2d(prior, offset, frames)
+        assert got.shape == expected.shape == (2, (frames or 72) * HOP)
+        assert relative_rms(got, expected) < 1e-4
+
+
+def test_conv2d_rewrite_refuses_graphs_it_does_not_know():
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    with pytest.raises(ValueError, match="Transpose"):
+        piper._as_conv2d(helper.make_model(graph))
 
 
 @pytest.mark.parametrize("hostile", ["", "   ", "😀" * 100, "<speak>x</speak>", "\x00\x1b", "你好", "9" * 200,
