@@ -12,14 +12,29 @@ an utterance (recorded speech, tests/data/speech), wait for the turn to end and 
 control) is counted and retried after Retry-After.
 
 Every `--sample-s` seconds the process is read: RSS and open fds from /proc/<pid>, the
-live asyncio tasks (parley_event_loop_tasks) from /metrics, and the longest event-loop
-stall since the last sample from GET /debug/timing.
+live asyncio tasks (parley_event_loop_tasks) from /metrics, the longest event-loop stall
+since the last sample from GET /debug/timing, and the machine's 1-minute load average.
 
     rss_growth_pct, fd_growth_pct  median of the first three samples after the first
                                    minute against the median of the last three
-    task_leak                      tasks with no call up after the run, minus before it
-    loop_stall_ms_max              the longest 10 ms timer lateness over the run;
-                                   loop_stalls_over_50ms counts them (/metrics histogram)
+    task_leak                      tasks with no call up after the run, minus before it.
+                                   Both counts are taken with no idle HTTP connection of
+                                   the soak's own open (the callers' client session is
+                                   closed first, and the counting requests use
+                                   Connection: close): aiohttp keeps one task per open
+                                   keep-alive connection, which is no call's leftover
+    loop_stall_ms_max              the longest 10 ms timer lateness from the first call
+                                   on; loop_stalls_over_50ms counts them (/metrics
+                                   histogram, less its count before the first call)
+    loop_busy_stalls_over_50ms     those of them during which the loop's own thread ran
+                                   on a CPU for half the stall and 50 ms or more (code
+                                   blocking the loop); the rest are
+                                   the process waiting for a CPU (a busy machine: see
+                                   load_1m) or for the GIL
+    startup_loop_stall_ms_max      the same before the first call (the engine loading and
+                                   warming up in worker threads, /readyz 503 meanwhile;
+                                   the last minute of it), reported apart: no call is up
+                                   then; startup_loop_stalls_over_50ms counts them
 
 Output: one JSON object on stdout (`--json`; a summary line per sample on stderr).
 Usage: python bench/soak.py --minutes 30 --calls 8 --json
@@ -97,17 +112,27 @@ async def caller_loop(http: aiohttp.ClientSession, url: str, packets: list[bytes
         await one_call(http, url, packets, tally)
 
 
-async def sample(http: aiohttp.ClientSession, url: str, pid: int, window_s: float) -> dict[str, Any]:
-    metrics = await scrape(http, url)
+def load_1m() -> float:
+    with open("/proc/loadavg") as loadavg:
+        return float(loadavg.read().split()[0])
+
+
+async def loop_stall_max(http: aiohttp.ClientSession, url: str, window_s: float) -> float:
     async with http.get(url + "/debug/timing", params={"seconds": str(window_s)}) as response:
         timing = await response.json()
+    return timing["loop_lag_ms"].get("max", 0.0)
+
+
+async def sample(http: aiohttp.ClientSession, url: str, pid: int, window_s: float) -> dict[str, Any]:
+    metrics = await scrape(http, url)
     return {**proc_figures(pid), "tasks": metrics.get("parley_event_loop_tasks", 0.0),
             "live_calls": metrics.get("parley_active_sessions", 0.0),
-            "loop_stall_ms_max": timing["loop_lag_ms"].get("max", 0.0)}
+            "loop_stall_ms_max": await loop_stall_max(http, url, window_s), "load_1m": load_1m()}
 
 
 async def idle_tasks(http: aiohttp.ClientSession, url: str) -> float:
-    """The task count once no call is up (after the sampler has refreshed it)."""
+    """The task count once no call is up (after the sampler has refreshed it). `http` should
+    close its connections after each request (see task_leak above)."""
     deadline = time.monotonic() + IDLE_SETTLE_S
     while True:
         metrics = await scrape(http, url)
@@ -141,9 +166,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally()
     samples: list[dict[str, Any]] = []
     try:
-        async with aiohttp.ClientSession() as http:
+        # The soak's own requests close their connection; the callers share a session of their own.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
             await wait_ready(http, url)
             tasks_before = await idle_tasks(http, url)
+            startup = await scrape(http, url)  # start-up: everything before the first call
+            startup_stall_max = await loop_stall_max(http, url, 60.0)
+            calls_http = aiohttp.ClientSession()
             started = time.monotonic()
             deadline = started + args.minutes * 60
             # Callers start a little apart, each with its own utterance and phase.
@@ -153,16 +182,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 speech = clips[i % len(clips)]
                 rest = silence(max(1.0, SPEECH_EVERY_S - len(lead) / 48000 - len(speech) / 48000))
                 packets = encode_opus(np.concatenate([lead, speech, rest]))
-                loops.append(asyncio.ensure_future(caller_loop(http, url, packets, deadline, tally)))
+                loops.append(asyncio.ensure_future(caller_loop(calls_http, url, packets, deadline, tally)))
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(args.sample_s, max(0.0, deadline - time.monotonic())))
-                row = await sample(http, url, proc.pid, args.sample_s)
+                # The first window must not reach back into start-up (reported apart).
+                row = await sample(http, url, proc.pid, min(args.sample_s, time.monotonic() - started))
                 row["t_s"] = round(time.monotonic() - started, 1)
                 samples.append(row)
                 print(f"{row['t_s']:.0f} s: {row['live_calls']:.0f} calls, RSS {row['rss_mib']} MiB, "
                       f"{row['fds']} fds, {row['tasks']:.0f} tasks, stall max {row['loop_stall_ms_max']} ms, "
                       f"{tally.turns} turns, {len(tally.failures)} failures", file=sys.stderr)
             await asyncio.gather(*loops)
+            await calls_http.close()  # its keep-alive connections end, and their tasks on the node
             tasks_after = await idle_tasks(http, url)
             final = await scrape(http, url)
             fds_after = proc_figures(proc.pid)["fds"]
@@ -176,7 +207,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_growth_pct": growth_pct(samples, "rss_mib"), "fd_growth_pct": growth_pct(samples, "fds"),
         "rss_mib_first_last": [samples[0]["rss_mib"], samples[-1]["rss_mib"]] if samples else None,
         "loop_stall_ms_max": stall_max,
-        "loop_stalls_over_50ms": stalls_over(final, STALL_MS),
+        "loop_stalls_over_50ms": stalls_over(final, STALL_MS) - stalls_over(startup, STALL_MS),
+        "loop_busy_stalls_over_50ms": (final.get("parley_event_loop_busy_stalls_total", 0.0)
+                                       - startup.get("parley_event_loop_busy_stalls_total", 0.0)),
+        "startup_loop_stall_ms_max": startup_stall_max,
+        "startup_loop_stalls_over_50ms": stalls_over(startup, STALL_MS),
+        "load_1m_first_last": [samples[0]["load_1m"], samples[-1]["load_1m"]] if samples else None,
         "tasks_idle_before": tasks_before, "tasks_idle_after": tasks_after,
         "task_leak": tasks_after - tasks_before, "fds_idle_after": fds_after,
         "samples": samples,

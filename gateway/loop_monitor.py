@@ -1,4 +1,8 @@
-"""Event-loop lag: how late a timer wakes up, the first sign that one process carries too many calls."""
+"""Event-loop lag: how late a timer wakes up, the first sign that one process carries too many calls.
+
+Each probe also records how much CPU the loop's own thread used meanwhile. A long stall
+with the thread busy is code blocking the loop; one with the thread idle is the process
+waiting for a CPU (a machine busy with other work) or for the GIL (the engine's threads)."""
 
 from __future__ import annotations
 
@@ -18,24 +22,39 @@ WINDOW = 6000  # one minute of samples
 class LoopLagMonitor(BackgroundTask):
     def __init__(self) -> None:
         self._lags_ms: Deque[float] = deque(maxlen=WINDOW)
+        self._busy_ms: Deque[float] = deque(maxlen=WINDOW)  # the loop thread's CPU time over each probe
+        self._ends: Deque[float] = deque(maxlen=WINDOW)  # when each probe woke (monotonic)
         self.probes = 0  # probes taken since start (lets a reader take only the new ones)
 
     async def _run(self) -> None:
         while True:
-            start = time.monotonic()
+            start, cpu = time.monotonic(), time.thread_time()
             await asyncio.sleep(PROBE_INTERVAL_S)
-            self._lags_ms.append(max(0.0, (time.monotonic() - start - PROBE_INTERVAL_S) * 1000.0))
+            end = time.monotonic()
+            self._busy_ms.append((time.thread_time() - cpu) * 1000.0)
+            self._ends.append(end)
+            self._lags_ms.append(max(0.0, (end - start - PROBE_INTERVAL_S) * 1000.0))
             self.probes += 1
 
     def recent(self, seconds: float) -> list[float]:
-        """The lag samples of about the last `seconds` (fewer probes fit when the loop lags)."""
-        return self.latest(max(1, round(seconds / PROBE_INTERVAL_S)))
+        """The lag samples of probes that woke within the last `seconds` (fewer fit when the
+        loop lags; a stall that began earlier counts when its probe woke in the window)."""
+        since = time.monotonic() - seconds
+        lags = self.latest(max(1, round(seconds / PROBE_INTERVAL_S)))
+        ends = list(self._ends)[-len(lags):]
+        return [lag for lag, end in zip(lags, ends) if end >= since]
 
     def latest(self, count: int) -> list[float]:
         """The last `count` lag samples (at most the one-minute window)."""
         if count <= 0:
             return []
         return list(self._lags_ms)[-min(count, WINDOW):]
+
+    def latest_busy(self, count: int) -> list[float]:
+        """The loop thread's CPU ms over each of the last `count` probes (matching latest())."""
+        if count <= 0:
+            return []
+        return list(self._busy_ms)[-min(count, WINDOW):]
 
     def summary(self) -> dict[str, float]:
         if not self._lags_ms:

@@ -8,7 +8,7 @@ SAMPLE_INTERVAL_S by one task, never per frame on the media path.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -22,6 +22,8 @@ SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken pe
 JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
 LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+BUSY_STALL_MS = 50.0  # a probe this late, with the loop thread on a CPU this long and for half of it:
+# the loop's own work made it late (code blocking the loop), not a process waiting for a CPU or the GIL
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 # metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
 TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
@@ -52,6 +54,11 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
+        self.loop_busy_stalls = Counter("parley_event_loop_busy_stalls", "10 ms event-loop probes late by over "
+                                        "50 ms while the loop's own thread ran on a CPU for half of it and 50 ms or more "
+                                        "(code blocking the loop; a stall without that is the process waiting for a "
+                                        "CPU or the GIL)",
+                                        registry=r)
         self.loop_tasks = Gauge("parley_event_loop_tasks", "asyncio tasks alive on the event loop (with no "
                                 "calls up it should come back to its idle level; growth is a leak)", registry=r)
         self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
@@ -111,11 +118,16 @@ class Metrics:
             for late_ms in call.pacer.lateness_samples()[-limit:]:
                 self.lateness.observe(late_ms / 1000.0)
 
-    def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float]) -> None:
+    def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float], loop_busy_ms: Sequence[float] = ()) -> None:
+        """`loop_busy_ms`: the loop thread's CPU ms over each of those probes (when known)."""
         for call in calls:
             self.sample_call(call)
         for lag_ms in loop_lags_ms:
             self.loop_lag.observe(lag_ms / 1000.0)
+        busy = sum(lag > BUSY_STALL_MS and cpu >= max(BUSY_STALL_MS, (lag + 10.0) / 2)
+                   for lag, cpu in zip(loop_lags_ms, loop_busy_ms))
+        if busy:
+            self.loop_busy_stalls.inc(busy)
 
 
 async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "LoopLagMonitor") -> None:
@@ -125,6 +137,7 @@ async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "
     while True:
         await asyncio.sleep(SAMPLE_INTERVAL_S)
         probes = loop_lag.probes
-        metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes))
+        metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes),
+                       loop_lag.latest_busy(probes - seen_probes))
         metrics.loop_tasks.set(len(asyncio.all_tasks()))
         seen_probes = probes

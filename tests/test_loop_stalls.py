@@ -97,3 +97,30 @@ async def test_a_hung_up_call_leaves_no_task_behind(start_gateway, http):
         await asyncio.sleep(0.1)
     assert not left, [repr(t)[:160] for t in left]
     assert not gateway.registry.calls
+
+
+async def test_a_stall_counts_as_busy_only_when_the_loop_thread_ran():
+    """parley_event_loop_busy_stalls tells code blocking the loop (its thread on a CPU) from a
+    process that waited (for a CPU on a busy machine, or for the GIL): both are late timers."""
+    from gateway.loop_monitor import LoopLagMonitor
+    from gateway.metrics import Metrics
+
+    monitor, metrics = LoopLagMonitor(), Metrics()
+    monitor.start()
+    try:
+        await asyncio.sleep(0.05)
+        seen = monitor.probes
+        time.sleep(0.15)  # waiting, not computing: a late timer, no busy stall
+        await asyncio.sleep(0.03)
+        metrics.sample([], monitor.latest(monitor.probes - seen), monitor.latest_busy(monitor.probes - seen))
+        assert max(monitor.latest(monitor.probes - seen)) > 100
+        assert metrics.loop_busy_stalls._value.get() == 0
+        seen = monitor.probes
+        cpu = time.thread_time()
+        while time.thread_time() - cpu < 0.15:  # computing on the loop
+            pass
+        await asyncio.sleep(0.03)
+        metrics.sample([], monitor.latest(monitor.probes - seen), monitor.latest_busy(monitor.probes - seen))
+        assert metrics.loop_busy_stalls._value.get() == 1
+    finally:
+        await monitor.stop()
