@@ -15,9 +15,14 @@ smallest N warms up allocators and caches so that they do not count as per-strea
 Growing stops after the first row
 that misses the budget (unless --no-stop).
 
-Audio: the wav files in --audio DIR (any rate, resampled to 16 kHz), else synthesised voiced
-signals (harmonics of a wandering pitch through moving formants, syllables and pauses). Each
-stream starts at its own offset.
+Audio: the wav files in --audio DIR (any rate, resampled to 16 kHz; each clip followed by
+CLIP_GAP_S of silence, so callers' turns end), else synthesised voiced signals (harmonics of a
+wandering pitch through moving formants, syllables and pauses). Each stream starts at its own
+offset.
+
+Words: --stt-model whisper-tiny.en (the default, as the gateway serves) reads them with
+Whisper on --readers reading threads beside the tick (engine/whisper_stream.py), the SSM and
+the VAD hearing speech start and pauses; `ssm` is Parley's SSM alone.
 
 Figures per row
 ---------------
@@ -34,11 +39,19 @@ Figures per row
   rss_growth_kb_per_stream (process RSS with N calls open minus before opening, over N:
   queues, buffers, allocator);
 - cpu_pct: this process's CPU time over the window, % of one core;
+- with Whisper reading the words (--audio clips, cut to their speech by the VAD):
+  turn_end_ms_p50/p95, from a clip's last sample pushed to the first EndOfTurn drained after
+  it (the turn rule waits 0.2-1.0 s of quiet on purpose, engine/whisper_stream.py, so this is
+  that wait plus any queueing for the reader), turns_ended, turns_missed (a clip end with no
+  EndOfTurn before the next clip's end); partials_per_turn; readings, reading_wait_ms_p95 (a reading's time in
+  the reader's queue), reader_busy_pct (reading time over the window, % of the readers);
 - within_budget: lag_ms_p95 <= lag budget (2 frames, 80 ms), behind_ms_end <= lag budget,
-  ttfa_ms_p95 <= 100 ms and no late audio chunk.
+  ttfa_ms_p95 <= 100 ms, no late audio chunk, and (Whisper on clips) turn_end_ms_p95 <=
+  TURN_END_BUDGET_S and no turn missed.
 max_streams is the largest N within budget, all smaller sizes within budget too.
 
-Usage: python bench/engine_capacity.py [--audio DIR] [--device cpu|cuda|auto] [--threads 1] [--no-tts] --json
+Usage: python bench/engine_capacity.py [--audio DIR] [--stt-model whisper-tiny.en|ssm] [--device cpu|cuda|auto]
+       [--threads 1] [--no-tts] --json
 """
 
 from __future__ import annotations
@@ -60,11 +73,17 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.real_turns import speech_span  # noqa: E402
 from engine import tts  # noqa: E402
+from engine.interface import EndOfTurn, Partial  # noqa: E402
+from engine.models import STT_MODELS, WHISPER  # noqa: E402
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE  # noqa: E402
 from engine.runtime import Runtime, RuntimeSttStream, RuntimeTtsStream  # noqa: E402
 from engine.stt import FRAME_S, PRECISIONS, SHIPPED_WEIGHTS, SttConfig, SttModel, load_model  # noqa: E402
+from engine.vad import SileroVad  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
+from engine.whisper import WhisperReader  # noqa: E402
+from engine.whisper_readers import ReadingWorker  # noqa: E402
 
 PUSH_S = 0.02  # 20 ms pieces, the gateway's playout clock
 PUSH_SAMPLES = int(PUSH_S * SAMPLE_RATE)
@@ -73,6 +92,8 @@ TTFA_BUDGET_S = 0.1
 REPLY_PAUSE_S = (0.5, 1.5)  # between one reply's end and the next reply's text
 DEFAULT_TEXTS = REPO / "bench" / "tts_heldout.txt"
 SYNTH_VOICES, SYNTH_SECONDS = 8, 6.0
+CLIP_GAP_S = 2.0  # silence after each --audio clip: the caller waits for an answer
+TURN_END_BUDGET_S = 1.5  # the longest quiet the turn rule waits (1.0 s) plus a reading and some queueing
 
 
 def log(message: str) -> None:
@@ -112,7 +133,9 @@ def synth_voice(seconds: float, seed: int) -> np.ndarray:
 def load_audio(folder: Optional[str]) -> list[np.ndarray]:
     if not folder:
         return [synth_voice(SYNTH_SECONDS, seed) for seed in range(SYNTH_VOICES)]
+    vad = SileroVad()
     clips = [read_wav(path, SAMPLE_RATE) for path in sorted(Path(folder).glob("*.wav"))]
+    clips = [clip[slice(*speech_span(clip, vad))] for clip in clips]  # its turn ends where the speech does
     clips = [clip for clip in clips if len(clip) >= SAMPLE_RATE]
     if not clips:
         raise SystemExit(f"{folder}: no wav files of at least 1 s")
@@ -120,15 +143,39 @@ def load_audio(folder: Optional[str]) -> list[np.ndarray]:
 
 
 class Source:
-    """One stream's endless audio: a clip, looped, from its own offset."""
+    """One stream's endless audio: a clip (and its gap), looped, from its own offset;
+    `end_times`: when each of the clip's ends was pushed (perf_counter), for turn-end timing."""
 
-    def __init__(self, clip: np.ndarray, offset: int) -> None:
-        self.clip, self.position = clip, offset % len(clip)
+    def __init__(self, clip: np.ndarray, offset: int, gap_s: float = 0.0) -> None:
+        self.speech = len(clip)
+        self.clip = np.concatenate([clip, np.zeros(int(gap_s * SAMPLE_RATE), np.float32)])
+        self.position = offset % len(self.clip)
+        self.end_times: list[float] = []
 
-    def next(self, samples: int) -> np.ndarray:
-        indices = (self.position + np.arange(samples)) % len(self.clip)
-        self.position = (self.position + samples) % len(self.clip)
+    def next(self, samples: int, now: float = 0.0) -> np.ndarray:
+        start, stop = self.position, self.position + samples
+        if len(self.clip) > self.speech and (start < self.speech <= stop
+                                             or start < self.speech + len(self.clip) <= stop):
+            self.end_times.append(now)
+        indices = (start + np.arange(samples)) % len(self.clip)
+        self.position = stop % len(self.clip)
         return (self.clip[indices] * 32767).astype(np.int16)
+
+
+class TurnClock:
+    """One stream's turns as its caller sees them: the first EndOfTurn after each clip end
+    (by the clip end's index in Source.end_times), and the partials."""
+
+    def __init__(self) -> None:
+        self.turn_ends: dict[int, float] = {}  # clip end index -> seconds to its EndOfTurn
+        self.partials = 0
+
+    def drain(self, events: list, source: Source, now: float) -> None:
+        for event in events:
+            if isinstance(event, Partial):
+                self.partials += 1
+            elif isinstance(event, EndOfTurn) and source.end_times:
+                self.turn_ends.setdefault(len(source.end_times) - 1, now - source.end_times[-1])
 
 
 # -- one row --------------------------------------------------------------------------------------
@@ -173,6 +220,7 @@ class Feeder(threading.Thread):
     def __init__(self, streams: list[RuntimeSttStream], sources: list[Source], speakers: list[Speaker]) -> None:
         super().__init__(name="feeder", daemon=True)
         self.streams, self.sources, self.speakers = streams, sources, speakers
+        self.clocks = [TurnClock() for _ in streams]
         self.lateness: list[float] = []
         self.stop = threading.Event()
 
@@ -181,9 +229,9 @@ class Feeder(threading.Thread):
         while not self.stop.is_set():
             now = time.perf_counter()
             self.lateness.append(max(0.0, now - due))
-            for stream, source in zip(self.streams, self.sources):
-                stream.push(source.next(PUSH_SAMPLES))
-                stream.poll()
+            for stream, source, clock in zip(self.streams, self.sources, self.clocks):
+                stream.push(source.next(PUSH_SAMPLES, now))
+                clock.drain(stream.poll(), source, time.perf_counter())
             for speaker in self.speakers:
                 speaker.service(now)
             due += PUSH_S
@@ -193,13 +241,19 @@ class Feeder(threading.Thread):
 def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str], args: argparse.Namespace) -> dict:
     rss_before = rss_bytes()
     streams = [runtime.open_stt(f"bench-{i}") for i in range(n)]
-    sources = [Source(clips[i % len(clips)], i * 7919) for i in range(n)]
+    worker = runtime.stt.words[0] if runtime.stt.words is not None else None
+    gap_s = CLIP_GAP_S if worker is not None and args.audio else 0.0
+    sources = [Source(clips[i % len(clips)], i * 7919, gap_s) for i in range(n)]
     speakers = [Speaker(runtime, f"bench-{i}", texts, seed=i) for i in range(n)] if runtime.tts else []
     feeder = Feeder(streams, sources, speakers)
     feeder.start()
     time.sleep(args.warm_up)
     runtime.metrics.reset()
     feeder.lateness.clear()
+    feeder.clocks = [TurnClock() for _ in streams]
+    readings_start = (worker.readings, worker.read_seconds) if worker is not None else (0, 0.0)
+    if worker is not None:
+        worker.waits.clear()
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     time.sleep(args.seconds)
     behind = max(frames_behind(s) for s in streams) * FRAME_S
@@ -231,11 +285,36 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
         "ttfa_ms_p50": percentile_ms(ttfas, 50), "ttfa_ms_p95": percentile_ms(ttfas, 95),
         "replies": len(ttfas), "late_audio_chunks": counters["late_audio_chunks"],
     }
+    if worker is not None:
+        row.update(reading_figures(worker, readings_start, (wall_start, wall_start + wall), feeder.clocks, sources))
+    words_ok = gap_s == 0 or (row["turn_end_ms_p95"] is not None and row["turn_end_ms_p95"] <= TURN_END_BUDGET_S * 1000
+                              and row["turns_missed"] == 0)
     speech_ok = not speakers or (bool(ttfas) and row["ttfa_ms_p95"] <= TTFA_BUDGET_S * 1000
                                  and row["late_audio_chunks"] == 0)
     row["within_budget"] = (failed == 0 and lag_p95 is not None and lag_p95 <= LAG_BUDGET_S * 1000
-                            and behind <= LAG_BUDGET_S and speech_ok)
+                            and behind <= LAG_BUDGET_S and speech_ok and words_ok)
     return row
+
+
+def reading_figures(worker: ReadingWorker, start: tuple[int, float], window: tuple[float, float],
+                    clocks: list[TurnClock], sources: list[Source]) -> dict:
+    """Whisper's side of a row: how soon callers' turns ended (clip ends in the window, at least
+    TURN_END_BUDGET_S before its end), how many partials, how busy the readers were."""
+    opened, closed = window
+    delays, missed = [], 0
+    for clock, source in zip(clocks, sources):
+        for k, at in enumerate(source.end_times):
+            if opened <= at <= closed - TURN_END_BUDGET_S:
+                if k in clock.turn_ends:
+                    delays.append(clock.turn_ends[k])
+                else:
+                    missed += 1
+    readings, read_seconds = worker.readings - start[0], worker.read_seconds - start[1]
+    return {"turn_end_ms_p50": percentile_ms(delays, 50), "turn_end_ms_p95": percentile_ms(delays, 95),
+            "turns_ended": len(delays), "turns_missed": missed,
+            "partials_per_turn": round(sum(c.partials for c in clocks) / max(1, len(delays)), 1),
+            "readings": readings, "reading_wait_ms_p95": percentile_ms(list(worker.waits), 95),
+            "reader_busy_pct": round(100 * read_seconds / ((closed - opened) * worker.threads), 1)}
 
 
 def build_model(path: Optional[str]) -> tuple[SttModel, str]:
@@ -258,6 +337,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per row (every call starts a reply in it)")
     parser.add_argument("--warm-up", type=float, default=2.0, help="seconds fed before each window")
     parser.add_argument("--audio", help="folder of wav files (default: synthesised voices)")
+    parser.add_argument("--stt-model", default=WHISPER, choices=STT_MODELS,
+                        help="who reads the words: Whisper beside the SSM (the default, as served) or the SSM alone")
+    parser.add_argument("--readers", type=int, default=1, help="Whisper reading threads (the gateway's default: 1)")
     parser.add_argument("--weights", help="STT weights (default: shipped if present, else random init)")
     parser.add_argument("--texts", default=str(DEFAULT_TEXTS), help="reply sentences, one per line")
     parser.add_argument("--no-tts", action="store_true", help="listening only: no replies")
@@ -280,14 +362,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     tts_model, tts_source = (None, None) if args.no_tts else build_tts_model()
     runtime = Runtime(model, tts_model=tts_model, max_streams=max(sizes), device=args.device,
                       num_threads=args.threads, lm=None if args.lm == "none" else args.lm,
-                      turns=None if args.turns == "none" else args.turns, precision=args.precision)
+                      turns=None if args.turns == "none" else args.turns, precision=args.precision,
+                      words=(ReadingWorker(WhisperReader(), args.readers), SileroVad()) if args.stt_model == WHISPER else None)
     runtime.warm_up()
     runtime.start()
     clips = load_audio(args.audio)
     texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
     rows = []
     try:
-        run_row(runtime, sizes[0], clips, texts, argparse.Namespace(warm_up=0.2, seconds=1.0))  # unmeasured
+        run_row(runtime, sizes[0], clips, texts, argparse.Namespace(warm_up=0.2, seconds=1.0, audio=args.audio))  # unmeasured
         for n in sizes:
             log(f"N={n}: {args.warm_up:g} s warm-up + {args.seconds:g} s window")
             rows.append(run_row(runtime, n, clips, texts, args))
@@ -307,6 +390,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "max_streams": max_streams,
         "tick_budget_ms": FRAME_S * 1000, "lag_budget_ms": LAG_BUDGET_S * 1000,
         "ttfa_budget_ms": None if args.no_tts else TTFA_BUDGET_S * 1000,
+        "stt_model": args.stt_model, "readers": args.readers if args.stt_model == WHISPER else None,
         "weights": weights_source, "tts_weights": tts_source, "lm": args.lm, "turns": args.turns, "precision": args.precision,
         "audio": args.audio or f"{SYNTH_VOICES} synthesised voices", "texts": None if args.no_tts else args.texts,
         "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_start": load_start,

@@ -1,6 +1,8 @@
-"""Caller turns with real mid-turn pauses, made by joining clips of one real speaker.
+"""Caller turns with real mid-turn pauses, made by joining clips of one real speaker, or by
+widening the breaks real speakers make inside a clip.
 
     python -m bench.real_turns --data ../shared/speech/real-dev --out data/real-turns [--seed 1]
+    python -m bench.real_turns --inner --out data/real-inner
     python -m engine.bench stt --data data/real-turns --json
 
 The real-dev clips are single sentences: no turn in them pauses, so they cannot show whether
@@ -12,6 +14,12 @@ references joined) and NAME.json with the speech spans and the pauses (sample_ra
 so `engine.bench stt` times the end of turn from where the speech really ends and counts
 turn ends taken at the pauses (false_eot_pause_rate). Generated data: not for git, and,
 like real-dev, for measuring only.
+
+Joined clips pause between whole sentences, each ending as a finished turn would, so there
+neither the words nor the voice can tell a pause from an end. `--inner` measures the other
+kind, a caller who stops mid-sentence: every break of at least MIN_BREAK_S the VAD finds
+inside a clip's speech is re-timed to PAUSE_S (its middle widened with noise at the break's
+own level, or narrowed), so the voice before it keeps its real continuation.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.vad import SileroVad, WINDOW
+from engine.vad import SileroVad, WINDOW, speech_breaks
 from engine.wavfile import read_wav, write_wav
 
 SAMPLE_RATE = 16000
@@ -92,13 +100,63 @@ def write_turn(clips: list[Path], name: Path, vad: SileroVad, rng: random.Random
                                                      "clips": [c.name for c in clips]}) + "\n")
 
 
+MIN_BREAK_S = 0.15  # a break inside a clip this long is one the speaker made (not a stop consonant)
+VAD_OFF = 0.35  # below this P(speech) the speech has stopped (as engine/whisper_stream.py)
+
+
+
+
+def retime(quiet: np.ndarray, width: int, rng: random.Random) -> np.ndarray:
+    """A break re-timed to `width` samples: its middle widened with noise at its own level, or
+    cut out; its edges (the voice fading out and in) stay."""
+    if width <= len(quiet):
+        return np.concatenate([quiet[:width // 2], quiet[len(quiet) - (width - width // 2):]])
+    level = float(np.sqrt(np.mean(quiet ** 2))) or NOISE_FLOOR
+    filler = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(width - len(quiet)) * level
+    middle = len(quiet) // 2
+    return np.concatenate([quiet[:middle], filler.astype(np.float32), quiet[middle:]])
+
+
+def build_inner(folder: Path, out: Path, seed: int) -> int:
+    """One turn per real-dev clip that breaks inside its speech, its breaks re-timed to PAUSE_S."""
+    rng, vad = random.Random(seed), SileroVad()
+    out.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for wav in sorted(folder.glob("*.wav")):
+        audio = read_wav(wav, SAMPLE_RATE)
+        first, last = speech_span(audio, vad)
+        audio = audio[first:last]
+        gaps = speech_breaks(audio, vad, MIN_BREAK_S, SPEECH, VAD_OFF)
+        if not gaps:
+            continue
+        pieces, spans, pauses, at, start = [], [], [], 0, 0
+        for a, b in gaps:
+            quiet = retime(audio[a:b], int(rng.uniform(*PAUSE_S) * SAMPLE_RATE), rng)
+            pieces += [audio[start:a], quiet]
+            spans.append([at, at + a - start])
+            pauses.append([at + a - start, at + a - start + len(quiet)])
+            at += a - start + len(quiet)
+            start = b
+        pieces.append(audio[start:])
+        spans.append([at, at + len(audio) - start])
+        name = out / f"inner-{wav.stem}"
+        write_wav(name.with_suffix(".wav"), np.concatenate(pieces), SAMPLE_RATE)
+        name.with_suffix(".txt").write_text(wav.with_suffix(".txt").read_text(encoding="utf-8").strip() + "\n",
+                                            encoding="utf-8")
+        name.with_suffix(".json").write_text(json.dumps({"spans": spans, "pauses": pauses, "sample_rate": SAMPLE_RATE,
+                                                         "clips": [wav.name]}) + "\n")
+        written += 1
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.real_turns", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default="../shared/speech/real-dev")
     parser.add_argument("--out", default="data/real-turns")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--inner", action="store_true", help="widen the breaks inside each clip instead of joining clips")
     args = parser.parse_args(argv)
-    n = build(Path(args.data), Path(args.out), args.seed)
+    n = (build_inner if args.inner else build)(Path(args.data), Path(args.out), args.seed)
     print(json.dumps({"turns": n, "out": args.out}))
     return 0
 

@@ -21,7 +21,7 @@ from .interface import (
     TtsStream,
     WordMark,
 )
-from .models import DEFAULT_STT_MODEL, DEFAULT_VOICE, STT_MODELS, TTS_VOICES
+from .models import DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, TURN_CUES
 
 # The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
 _RUNTIME_EXPORTS = ("RuntimeStats", "SpeechEngine")
@@ -29,7 +29,8 @@ _RUNTIME_EXPORTS = ("RuntimeStats", "SpeechEngine")
 __all__ = [
     "STT_SAMPLE_RATE", "Audio", "CapacityError", "EndOfTurn", "Engine", "EngineStats", "Final", "Partial",
     "SpeechLikely", "SpeechStart", "StreamFailed", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
-    "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", *_RUNTIME_EXPORTS, "say",
+    "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", "DEFAULT_TURN_CUES", "TURN_CUES",
+    *_RUNTIME_EXPORTS, "say",
     "load_ssm_model", "ssm_recognizer", "use_threads",
 ]
 

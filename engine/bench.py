@@ -61,10 +61,11 @@ import torch
 
 from .audio import SAMPLE_RATE
 from .interface import EndOfTurn, Final, Partial
-from .models import SSM, STT_MODELS, WHISPER
+from .models import DEFAULT_TURN_CUES, SSM, STT_MODELS, TURN_CUES, WHISPER
+from .pause_head import load_pause_head
 from .vad import SileroVad
 from .whisper import WhisperReader
-from .whisper_stream import InlineRecognizer
+from .whisper_readers import InlineRecognizer
 from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, check_turn_end_probability,
                   default_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
 from .wer import normalize_for_wer
@@ -111,14 +112,14 @@ def turn_ends_per_pause(eot_times: list[float], pauses: list[tuple[float, float]
 def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED,
                 spoken_until: Optional[float] = None, precision: str = "auto",
                 pauses: Sequence[tuple[float, float]] = (), turn_end_probability: Optional[float] = None,
-                reader=None, vad=None) -> dict:
+                reader=None, vad=None, pause_head="shipped", ssm_ends: bool = True) -> dict:
     """Run one file through a fresh Recognizer; timings in seconds of audio. spoken_until:
     where the speech ends (default: the final transcript's last word); pauses: its mid-turn
     pauses, when known. With a Whisper `reader` (engine.whisper.WhisperReader) the words are
     its readings (engine.whisper_stream), and each event is timed when its reading is done."""
     recognizer = Recognizer(model, lm, turns, precision, turn_end_probability)
     if reader is not None:
-        recognizer = InlineRecognizer(recognizer, reader, vad.stream() if vad is not None else None)
+        recognizer = InlineRecognizer(recognizer, reader, vad.stream() if vad is not None else None, pause_head, ssm_ends)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
     finals, eot_times = [], []
@@ -159,6 +160,8 @@ def bench_stt(args: argparse.Namespace) -> dict:
     model = load_stt(Path(args.weights) if args.weights else None, args.device)
     reader = WhisperReader(threads=1) if args.stt_model == WHISPER else None
     vad = SileroVad() if args.stt_model == WHISPER else None
+    pause_head = (None if "pause" not in args.turn_cues or reader is None
+                  else SHIPPED if args.pause_head == SHIPPED else load_pause_head(Path(args.pause_head)))
     anchor = whisper_judge("tiny.en", beam_size=1) if args.anchor else None
     anchor_hyps: list[str] = []
     lm = resolve_lm(None if args.lm == "none" else args.lm)
@@ -175,7 +178,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
         spoken_until, pauses = speech_timing(wav)
         timed_by.add("spans" if spoken_until is not None else "transcript")
         result = stream_file(model, audio, lm, turns, spoken_until, args.precision, pauses, args.turn_end_probability,
-                             reader, vad)
+                             reader, vad, pause_head, "ssm" in args.turn_cues)
         if anchor is not None:
             anchor_hyps.append(normalize_for_wer(anchor(audio, SAMPLE_RATE)))
         refs.append(normalize_for_wer(text))
@@ -197,7 +200,8 @@ def bench_stt(args: argparse.Namespace) -> dict:
 
     anchor_result = {"anchor": "whisper tiny.en offline (faster-whisper transcribe, int8, greedy, 1 thread)",
                      "anchor_wer": round(word_error_rate(refs, anchor_hyps), 4)} if anchor is not None else {}
-    return {"benchmark": "stt", "stt_model": args.stt_model, "data": str(args.data), "device": args.device, "n": len(refs),
+    return {"benchmark": "stt", "stt_model": args.stt_model, "turn_cues": args.turn_cues if reader else None,
+            "data": str(args.data), "device": args.device, "n": len(refs),
             "lm": "none" if lm is None else args.lm, "turns": "none" if turns is None else args.turns,
             "precision": resolve_precision(model, args.precision),
             "turn_end_probability": args.turn_end_probability or default_turn_end_probability(turns),
@@ -341,6 +345,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     stt.add_argument("--turn-end-probability", type=turn_end_probability, default=None,
                      help="P(end) that closes a turn, between 0 and 1 (default: the engine's)")
     stt.add_argument("--limit", type=int, default=0, help="first N files only")
+    stt.add_argument("--turn-cues", default=DEFAULT_TURN_CUES, choices=TURN_CUES,
+                     help="Whisper: which heads that hear the voice may confirm a turn's end at a pause, besides the "
+                          f"words: the pause head (engine/pause_head.py), the SSM's end-of-turn head, both or none "
+                          f"(default {DEFAULT_TURN_CUES})")
+    stt.add_argument("--pause-head", default=SHIPPED, help="the pause head's weights: shipped (default) or a .safetensors file")
     stt.add_argument("--stt-model", default=WHISPER, choices=STT_MODELS,
                      help=f"{WHISPER}: Whisper reads the words, the SSM times speech and turns (default); "
                           f"{SSM}: Parley's SSM alone")

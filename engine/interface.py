@@ -14,7 +14,8 @@ from typing import AsyncIterator, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 
-from .models import DEFAULT_STT_MODEL, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, check_stt_model, check_voice
+from .models import (DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, TURN_CUES,
+                     check_stt_model, check_turn_cues, check_voice)
 
 STT_SAMPLE_RATE = 16000  # what SttStream.push takes: int16 mono
 
@@ -22,6 +23,7 @@ __all__ = [
     "STT_SAMPLE_RATE", "SpeechStart", "SpeechLikely", "Partial", "Final", "EndOfTurn", "SttEvent", "Audio",
     "WordMark", "TtsEvent", "CapacityError", "StreamFailed", "SttStream", "TtsStream", "EngineStats", "Engine",
     "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", "check_stt_model", "check_voice",
+    "DEFAULT_TURN_CUES", "TURN_CUES", "check_turn_cues",
 ]
 
 

@@ -68,3 +68,18 @@ class VadStream:
             self.windows += 1
             out.append(float(np.asarray(p).reshape(-1)[0]))
         return out
+
+
+def speech_breaks(audio: np.ndarray, vad: SileroVad, min_break_s: float, on: float = 0.5,
+                  off: float = 0.35) -> list[tuple[int, int]]:
+    """[start, end) samples of the quiet stretches of at least `min_break_s` inside the speech
+    of `audio` (speech starts at P >= on and stops below off, as the turn reader hears it)."""
+    out, speaking, heard, quiet_from = [], False, False, 0
+    for k, p in enumerate(vad.stream().push(audio)):
+        if not speaking and p >= on:
+            if heard and (k - quiet_from) * WINDOW >= min_break_s * SAMPLE_RATE:
+                out.append((quiet_from * WINDOW, k * WINDOW))
+            speaking = heard = True
+        elif speaking and p < off:
+            speaking, quiet_from = False, k
+    return out

@@ -178,18 +178,26 @@ class WhisperReader:
             raise ValueError(f"a window of {seconds:.1f} s is longer than Whisper's {MAX_SECONDS:.0f} s")
         if len(audio) < 2 * HOP_LENGTH:
             return ""
-        encoded = self.encode(audio)
+        return self.decode(self.encode(audio), seconds, beam_size)
+
+    def decode(self, encoded: np.ndarray, seconds: float, beam_size: int = 1) -> str:
+        """The words of an encoding from `encode` of `seconds` of audio."""
         result = self.model.generate(self._ctranslate2.StorageView.from_array(encoded), [self.prompt],
                                      beam_size=beam_size, max_length=max_tokens(seconds), suppress_blank=True,
                                      suppress_tokens=self.suppress)[0]
         return drop_repeats(self._text(result.sequences_ids[0]))
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
-        """[1, POSITIONS, width]: the window encoded on its own, then the rest of a 30 s input
-        taken from an encoding of silence (see SILENCE_TAIL)."""
+        """[1, POSITIONS, width]: the window encoded on its own (its first `positions(audio)`
+        rows), then the rest of a 30 s input taken from an encoding of silence (SILENCE_TAIL)."""
         mel = self.log_mel(audio)[None]
         window = np.asarray(self.model.encode(self._ctranslate2.StorageView.from_array(mel), to_cpu=True))
         return np.ascontiguousarray(np.concatenate([window, self.silence[:, window.shape[1]:]], axis=1))
+
+    @staticmethod
+    def positions(audio: np.ndarray) -> int:
+        """Encoder positions (20 ms each) that `encode` computes from this audio itself."""
+        return (len(audio) // HOP_LENGTH + 1) // 2
 
     def _text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([i for i in ids if i < self.tokenizer.eot]).strip()

@@ -28,28 +28,22 @@ callers at 0.96 WER. Whisper tiny.en reads them at 0.07, but only whole windows,
   ends the turn); the EndOfTurn follows it, and any event of the next turn waits behind both.
 
 TurnReader is the logic alone (no threads, no clock), shared by the runtime (a worker thread
-reads) and the benchmark (reads inline and books the compute time on a virtual clock).
+reads) and the benchmark (reads inline and books the compute time on a virtual clock): both
+readers are in engine/whisper_readers.py, the pause cues in engine/turn_cues.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import logging
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import numpy as np
 
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
-from .textnorm import normalize
 from .turn import TurnCompletion, load_turns
+from .turn_cues import CUT_OFF, FINISHED, UNFINISHED, quiet_needed, reading_says, table_words
 from .vad import WINDOW as VAD_WINDOW, VadStream
-from .whisper import MAX_SECONDS, SAMPLE_RATE, WhisperReader, _key
-
-log = logging.getLogger(__name__)
+from .whisper import MAX_SECONDS, SAMPLE_RATE, _key
 
 HOP_S = 0.32  # new speech between partial re-reads at most (0.5 s halves the CPU, doubles the lag) ...
 MIN_HOP_S = 0.12  # ... and at least: a re-read comes after PARTIAL_COST_RATIO times what the last one cost
@@ -64,34 +58,7 @@ PRE_ROLL_S = 0.5  # read from this long before a detected start (never before th
 # the SSM flags speech 20-80 ms into a word on the voices it knows, later on some real ones
 KEEP_S = MAX_SECONDS - 1.0  # a turn longer than Whisper's window is read by its last KEEP_S
 VAD_ON, VAD_OFF = 0.5, 0.35  # Silero P(speech) that starts a sound, and below which it has stopped
-# End of turn: quiet (by the VAD, which flags the end of speech ~70 ms after it) for at least
-CONFIRMED_QUIET_S = 0.2  # ... after a pause reading the words do not call unfinished, once the SSM's
-# end-of-turn head, weighing Whisper's words through the turn table (StreamDecoder.words_source),
-# has called the end in this pause too (it hears how the voice stops);
-COMPLETE_QUIET_S = 0.8  # ... after one that reads as finished without the head (see reading_says),
-INCOMPLETE_QUIET_S = 1.0  # ... and after one that reads unfinished ("my number is", "It's...") or
-# cannot tell: a hold-off, longer than the 0.4-0.8 s pauses callers make inside a turn.
-# The words' cues: the turn-completion table's P(end | last words) (engine/turn.py) below
-# UNFINISHED_P, or Whisper's "..." (it writes that where speech breaks off), call a reading
-# unfinished: the table is sure about open clauses and digit groups ("... number is" ~0, "... at
-# 762" ~0, "I would like to" 0.03). It is lukewarm about finished sentences it never saw
-# (0.4-0.65), so a reading is finished with terminal punctuation and P >= UNFINISHED_P, or
-# without it (Whisper leaves numbers bare: "zip code 48820") at P >= UNPUNCTUATED_P.
-UNFINISHED_P = 0.15
-UNPUNCTUATED_P = 0.5
-# Chosen on synthetic turns in training voices (engine.train.eval_set's seen_voices group, 40
-# turns, 61 pauses of 0.4-0.8 s at commas and digit groups): there the words alone call 17 of the
-# 61 pauses finished ("My name is Daniel Evans." | "That's E, V, A, N, S."), so without the head
-# COMPLETE_QUIET_S 0.5 took 31 % of pauses for ends, 0.8 s 4.9 %, with the end 523 ms p50 after
-# the last word either way (the head confirms most ends ~0.25 s after the speech stops; the rest
-# of the latency is the pause reading waiting for the reader). A caller who pauses between two
-# whole sentences cannot be told from one who has finished by the words: on real-dev speakers'
-# clips joined with 0.4-0.8 s pauses (bench/real_turns.py) only the head can, and on real
-# voices it hears ends less well than on the synthetic ones it learned from (MODEL_CARD.md).
-WORDLESS_QUIET_S = 0.3  # a sound in which Whisper read no word (a cough, a click) is over after this
 FINAL, PAUSE, PARTIAL = 0, 1, 2  # reading kinds, in the order a busy reader takes them
-SENTENCE_END = (".", "?", "!")
-CUT_OFF = ("...", "-", "\u2014", "\u2026")  # how Whisper ends a word or thought it hears cut off
 
 
 @dataclass
@@ -108,67 +75,30 @@ class Job:
     speech: tuple[tuple[int, int], ...] = ()
     seconds: Optional[float] = None  # what reading it cost (CPU or wall seconds), set by who read it
     prefix: tuple[str, ...] = ()  # a partial re-read from the turn's last pause: the words before it
+    queued_at: float = 0.0  # perf_counter when handed to a ReadingWorker
+    voice_ended: Optional[bool] = None  # a pause reading: whether the pause head heard the voice finish
 
 
 @dataclass
 class Pause:
     """The caller went quiet at `since` (a stream sample); `text` is the reading of the turn up
     to then, once it is in; `says` what its words say about the turn; `ssm_end` whether
-    the SSM's end-of-turn head has called the end since."""
+    the SSM's end-of-turn head has called the end since; `voice_ended` whether the pause head
+    (engine/pause_head.py) heard the voice finish in the reading's audio."""
 
     since: int
     job: Job
     text: Optional[str] = None
     says: int = 0  # reading_says(text): UNFINISHED, OPEN or FINISHED
     ssm_end: bool = False
+    voice_ended: bool = False
+
+    @property
+    def heard_end(self) -> bool:
+        return self.ssm_end or self.voice_ended
 
     def quiet_needed(self) -> float:
-        if not self.text:
-            return WORDLESS_QUIET_S
-        if self.says == UNFINISHED:
-            return INCOMPLETE_QUIET_S
-        if self.ssm_end:
-            return CONFIRMED_QUIET_S
-        return COMPLETE_QUIET_S if self.says == FINISHED else INCOMPLETE_QUIET_S
-
-
-UNFINISHED, OPEN, FINISHED = 0, 1, 2  # what a reading's words say about the turn
-
-
-def reading_says(text: str, turns: Optional[TurnCompletion]) -> int:
-    """Whether a reading of the turn so far reads as a finished turn (FINISHED), an unfinished
-    one (UNFINISHED), or cannot tell (OPEN); see UNFINISHED_P."""
-    text = text.rstrip()
-    if not text or text.endswith(CUT_OFF):
-        return UNFINISHED
-    punctuated = text.endswith(SENTENCE_END)
-    if turns is None:
-        return FINISHED if punctuated else OPEN
-    p = turns.probability(table_words(text))
-    if p < UNFINISHED_P:
-        return UNFINISHED
-    return FINISHED if punctuated or p >= UNPUNCTUATED_P else OPEN
-
-
-def reads_finished(text: str, turns: Optional[TurnCompletion]) -> bool:
-    return reading_says(text, turns) == FINISHED
-
-
-DIGIT_NAMES = "zero one two three four five six seven eight nine".split()
-
-
-def table_words(text: str) -> list[str]:
-    """A reading as the table spells its words: lowercase words, and numbers Whisper wrote in
-    digits ("762", "555-1234") read digit by digit, as callers say codes and phone numbers
-    (the table collapses a run of digit words into one token, engine/turn.py)."""
-    words: list[str] = []
-    for token in text.split():
-        bare = token.strip(".,?!;:\"'()")
-        if bare and all(c.isdigit() or c in ",-" for c in bare) and any(c.isdigit() for c in bare):
-            words += [DIGIT_NAMES[int(c)] for c in bare if c.isdigit()]
-        else:
-            words += normalize(token).split()
-    return words
+        return quiet_needed(self.text, self.says, self.heard_end)
 
 
 class TurnReader:
@@ -282,7 +212,7 @@ class TurnReader:
             return []
         self.pause = None
         text = pause.text
-        confidence = (0.0 if not text else 0.95 if pause.ssm_end and pause.says != UNFINISHED
+        confidence = (0.0 if not text else 0.95 if pause.heard_end and pause.says != UNFINISHED
                       else 0.9 if pause.says == FINISHED else 0.5)
         self._close_turn()
         final = [Final(text, word_times(text.split(), pause.job.start, pause.since, pause.job.speech))]
@@ -325,6 +255,7 @@ class TurnReader:
             if self.pause is not None and self.pause.job is job:
                 self.pause.text = text
                 self.pause.says = reading_says(text, self.turns)
+                self.pause.voice_ended = bool(job.voice_ended)
                 # The speech stopped before this reading: no word of it is cut off, so all are stable
                 words = text.split()
                 stable = words if self._speech_heard(job) >= MIN_PARTIAL_SPEECH_S * SAMPLE_RATE else []
@@ -503,114 +434,3 @@ def word_times(words: list[str], start: int, end: int,
         return spans[-1][1] / SAMPLE_RATE
 
     return [(w, round(at(t0, False), 3), round(at(t1, True), 3)) for w, t0, t1 in stamps]
-
-
-# -- who reads: a worker thread for the runtime, inline for the benchmark ---------------------------
-
-ReadingDone = Callable[[Job, "str | BaseException"], None]
-
-
-class ReadingWorker:
-    """Every stream's readings on `threads` threads (CTranslate2 computes without the GIL),
-    final readings before partial ones, oldest first."""
-
-    def __init__(self, reader: WhisperReader, threads: int = 1) -> None:
-        self.reader = reader
-        self._queue: list[tuple[int, int, Job, ReadingDone]] = []
-        self._order = itertools.count()
-        self._ready = threading.Condition()
-        self._closed = False
-        self.busy = 0
-        self.readings = 0
-        self.read_seconds = 0.0
-        self._threads = [threading.Thread(target=self._run, name=f"whisper-reader-{i}", daemon=True)
-                         for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, job: Job, done: ReadingDone) -> None:
-        with self._ready:
-            heapq.heappush(self._queue, (job.kind, next(self._order), job, done))
-            self._ready.notify()
-
-    def has_room(self) -> bool:
-        """A partial reading would start at once: partials thin out by themselves under load."""
-        return not self._queue and self.busy < len(self._threads)
-
-    def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-        for thread in self._threads:
-            thread.join(5.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._queue and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-                _, _, job, done = heapq.heappop(self._queue)
-                self.busy += 1
-            started = time.perf_counter()
-            try:
-                result: "str | BaseException" = self.reader.read(job.audio)
-            except Exception as exc:  # noqa: BLE001 - this reading's stream fails, the worker goes on
-                result = exc
-            job.seconds = time.perf_counter() - started
-            with self._ready:
-                self.busy -= 1
-                self.readings += 1
-                self.read_seconds += job.seconds
-            try:
-                done(job, result)
-            except Exception:  # noqa: BLE001 - a consumer's bug must not stop every stream's readings
-                log.exception("delivering a reading failed")
-
-
-class InlineRecognizer:
-    """One stream, read inline: the SSM Recognizer's events through a TurnReader, for the
-    benchmark. Readings run at once, but are booked on a virtual clock in seconds of stream
-    audio: a reading asked at t starts when the (single) reader is free and its events carry
-    its end time (event_times), so lags include the compute a real stream would wait for. A
-    reading costs its CPU time (one thread), not its wall time: another process on the machine
-    does not make it look slower."""
-
-    def __init__(self, ssm, reader: WhisperReader, vad: Optional[VadStream] = None) -> None:
-        self.ssm, self.reader = ssm, reader
-        self.jobs: list[Job] = []
-        self.turns = TurnReader(self.jobs.append, lambda: self.busy_until <= self.now, vad)
-        if getattr(ssm, "decoder", None) is not None:  # its end-of-turn head weighs Whisper's words
-            self.turns.advise(ssm.decoder)
-        self.now = self.busy_until = self.compute_s = 0.0
-        self.event_times: list[float] = []
-
-    def push(self, audio: np.ndarray) -> list[SttEvent]:
-        audio = np.asarray(audio, np.float32)
-        self.now += len(audio) / SAMPLE_RATE
-        timed = [(self.now, e) for e in self.turns.push(audio) + self.turns.on_events(self.ssm.push(audio))]
-        return self._out(timed + self._read())
-
-    def flush(self) -> list[SttEvent]:
-        self.ssm.flush()  # (its Final gives way to the reading of the turn)
-        timed = [(self.now, e) for e in self.turns.flush()]
-        return self._out(timed + self._read())
-
-    def _read(self) -> list[tuple[float, SttEvent]]:
-        timed = []
-        while self.jobs:
-            job = self.jobs.pop(0)
-            started = time.process_time()  # CPU time: what one free core would take, on a shared machine too
-            text = self.reader.read(job.audio)
-            seconds = job.seconds = time.process_time() - started
-            self.compute_s += seconds
-            self.busy_until = max(self.busy_until, job.requested_at) + seconds
-            timed += [(self.busy_until, e) for e in self.turns.on_reading(job, text)]
-        return timed
-
-    def _out(self, timed: list[tuple[float, SttEvent]]) -> list[SttEvent]:
-        # Words and turn ends cannot come before the reading they rest on is done:
-        self.event_times = [max(t, self.busy_until) if isinstance(e, (Partial, Final, EndOfTurn)) else t
-                            for t, e in timed]
-        return [e for _, e in timed]

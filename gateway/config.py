@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from engine import STT_MODELS
+from engine import DEFAULT_TURN_CUES, STT_MODELS, TURN_CUES
 
 MODES = ("echo-test", "transcribe", "conversation")
 ENGINE_MODES = ("transcribe", "conversation")  # modes that need the speech engine
@@ -57,6 +57,7 @@ class Config:
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
     stt_model: str = "whisper-tiny.en"  # whisper-tiny.en (Whisper reads the words, the SSM hears speech start) | ssm (Parley's SSM alone)
     stt_readers: int = 1  # whisper-tiny.en: threads that read callers' words (CPU cores beside the engine tick)
+    turn_cues: str = DEFAULT_TURN_CUES  # whisper-tiny.en: who confirms a turn's end at a pause besides the words: pause (the pause head on Whisper's encoder) | ssm (the SSM's end-of-turn head: sooner, cuts more callers off) | ssm+pause | words
     stt_weights: str = ""  # STT safetensors file; empty = the shipped engine/weights/stt.safetensors
     tts_weights: str = ""  # TTS safetensors file (conversation mode); empty = engine/weights/tts.safetensors
     turn_end_probability: float = 0.0  # P(end) that closes a caller's turn, 0-1; 0 = the engine's default (0.98). Lower answers sooner but cuts more callers off at a pause (README, engine/weights/MODEL_CARD.md)
@@ -130,6 +131,8 @@ class Config:
             raise ConfigError("engine_max_streams must be at least 1 and engine_threads not negative")
         if self.stt_model not in STT_MODELS:
             raise ConfigError(f"stt_model: {self.stt_model!r} is not one of {', '.join(STT_MODELS)}")
+        if self.turn_cues not in TURN_CUES:
+            raise ConfigError(f"turn_cues: {self.turn_cues!r} is not one of {', '.join(TURN_CUES)}")
         if self.stt_readers < 1:
             raise ConfigError(f"stt_readers: {self.stt_readers} must be at least 1")
         for name in ("stt_weights", "tts_weights"):

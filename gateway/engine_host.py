@@ -41,6 +41,7 @@ class EngineHost:
         weights = Path(self.config.stt_weights) if self.config.stt_weights else None
         tts_weights = Path(self.config.tts_weights) if self.config.tts_weights else None
         return engine.SpeechEngine(self.config.stt_model, weights_path=weights, readers=self.config.stt_readers,
+                                   turn_cues=self.config.turn_cues,
                                    with_tts=self.config.mode == "conversation",
                                    tts_weights_path=tts_weights, max_streams=self.config.engine_max_streams,
                                    device=self.config.engine_device, num_threads=self.config.engine_threads or None,

@@ -24,3 +24,18 @@ def test_capacity_bench_reports_full_duplex_rows():
     assert row["n"] == 2 and row["streams_failed"] == 0 and row["frames"] > 0
     assert row["replies"] >= 1 and row["ttfa_ms_p50"] > 0, "every call starts a reply in the window"
     assert report["max_streams"] in (0, 2)
+
+
+def test_capacity_bench_times_turn_ends_when_whisper_reads_clips():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engine_capacity.py"), "--sizes", "1", "--seconds", "8",
+         "--warm-up", "0.5", "--no-stop", "--no-tts", "--audio", str(REPO / "tests" / "data" / "speech"), "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["stt_model"] == "whisper-tiny.en" and report["readers"] == 1
+    row = report["rows"][0]
+    for field in ("turn_end_ms_p50", "turn_end_ms_p95", "turns_ended", "turns_missed", "partials_per_turn",
+                  "reading_wait_ms_p95", "reader_busy_pct"):
+        assert field in row
+    assert row["readings"] >= 1 and row["turns_ended"] + row["turns_missed"] >= 1, row

@@ -17,9 +17,9 @@ from engine.vad import SileroVad
 from engine.wavfile import read_wav
 from engine.wer import word_error_rate
 from engine.whisper import ChecksumMismatch, WhisperReader, drop_repeats, verify
-from engine.whisper_stream import (COMPLETE_QUIET_S, CONFIRMED_QUIET_S, INCOMPLETE_QUIET_S, PARTIAL, PAUSE,
-                                   InlineRecognizer, TurnReader, common_prefix, reads_finished, spread_words,
-                                   table_words, word_times)
+from engine.turn_cues import COMPLETE_QUIET_S, CONFIRMED_QUIET_S, INCOMPLETE_QUIET_S, reads_finished, table_words
+from engine.whisper_readers import InlineRecognizer
+from engine.whisper_stream import PARTIAL, PAUSE, TurnReader, common_prefix, spread_words, word_times
 from engine.turn import load_turns
 from engine.vad import WINDOW
 
@@ -170,6 +170,19 @@ def test_unfinished_words_hold_the_turn_open_and_the_ssm_head_shortens_a_finishe
     assert held == unfinished
 
 
+def test_the_pause_head_hearing_the_voice_finish_shortens_a_finished_turn_but_not_an_unfinished_one():
+    def heard_finish(text):
+        def reading(job):
+            job.voice_ended = True  # as engine.whisper_readers.read_job sets it from the pause head
+            return text
+        return reading
+
+    finished = end_of_turn_after(heard_finish("My name is Daniel Evans."), advised=False)
+    held = end_of_turn_after(heard_finish("My order number is"), advised=False)  # the words veto the head
+    assert CONFIRMED_QUIET_S <= finished < CONFIRMED_QUIET_S + 0.1, finished
+    assert INCOMPLETE_QUIET_S <= held < INCOMPLETE_QUIET_S + 0.1, held
+
+
 def test_a_changed_model_file_is_refused(tmp_path):
     (tmp_path / "model.bin").write_bytes(b"not the model")
     with pytest.raises(ChecksumMismatch, match="model.bin"):
@@ -227,7 +240,8 @@ async def test_the_runtime_streams_whisper_readings_in_order():
     await asyncio.to_thread(engine.start)
     try:
         stream = engine.open_stt("s1")
-        assert stream.turns.ssm_weighs_words  # the SSM's turn ends weigh Whisper's words, as in the benchmark
+        # turn_cues "pause" (the default), as in the benchmark: the pause head confirms ends, the SSM's does not
+        assert engine.runtime.stt.words[0].pause_head is not None and not stream.turns.ssm_weighs_words
         padded = np.concatenate([audio, np.zeros(2 * SAMPLE_RATE, np.float32)])
         for start in range(0, len(padded), 320):
             stream.push((padded[start:start + 320] * 32767).astype(np.int16))

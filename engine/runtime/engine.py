@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..interface import EngineStats
-from ..models import DEFAULT_STT_MODEL, DEFAULT_VOICE, SSM, WHISPER, check_stt_model, check_voice
+from ..models import (DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, SSM, WHISPER, check_stt_model,
+                      check_turn_cues, check_voice)
 from ..stt import SttModel, load_model
 from ..tts import TtsModel
 from ..vad import SileroVad
 from ..whisper import WhisperReader
-from ..whisper_stream import ReadingWorker
+from ..whisper_readers import ReadingWorker
 from .loop import Runtime
 from .stt_stream import RuntimeSttStream
 from .tts_stream import RuntimeTtsStream
@@ -32,17 +33,21 @@ class SpeechEngine:
 
     def __init__(self, stt_model: Union[SttModel, str, None] = None, *, weights_path: Optional[Path] = None,
                  tts_model: Optional[TtsModel] = None, tts_weights_path: Optional[Path] = None,
-                 with_tts: bool = False, readers: int = 1, **runtime_options: Any) -> None:
+                 with_tts: bool = False, readers: int = 1, turn_cues: str = DEFAULT_TURN_CUES,
+                 **runtime_options: Any) -> None:
         """stt_model: a name from engine.models (default DEFAULT_STT_MODEL: Whisper reads the
         words, over the SSM at weights_path or the shipped one), or an SttModel, which then
-        recognizes alone. readers: threads that run Whisper's readings. with_tts (or a
+        recognizes alone. readers: threads that run Whisper's readings; turn_cues: which heads
+        confirm a turn's end at a pause (engine.turn_cues.TURN_CUES). with_tts (or a
         tts_model) adds speech synthesis: the shipped TTS weights unless a path or model is
         given (FileNotFoundError when there are none)."""
         name = check_stt_model(stt_model if isinstance(stt_model, str) else DEFAULT_STT_MODEL if stt_model is None
                                else SSM)
         model = stt_model if isinstance(stt_model, SttModel) else load_model(weights_path)
         if name == WHISPER:
-            runtime_options["words"] = (ReadingWorker(WhisperReader(), readers), SileroVad())
+            head = "shipped" if "pause" in check_turn_cues(turn_cues) else None
+            runtime_options["words"] = (ReadingWorker(WhisperReader(), readers, head), SileroVad())
+            runtime_options["turn_cues"] = turn_cues
         self.stt_model = name
         if tts_model is None and (with_tts or tts_weights_path is not None):
             from ..tts import load_model as load_tts

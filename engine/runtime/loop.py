@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from ..interface import EngineStats
+from ..models import DEFAULT_TURN_CUES
 from ..stt import FRAME_S, SHIPPED, LmChoice, SttModel, TurnsChoice, load_model
 from ..tts import TtsModel
 from ..vad import SileroVad
-from ..whisper_stream import ReadingWorker
+from ..whisper_readers import ReadingWorker
 from .slots import Stepper, StepReport
 from .stt_stream import MAX_FRAMES_PER_TICK, RuntimeSttStream, SttStepper
 from .tts_stream import TTS_MAX_LEAD_S, RuntimeTtsStream, TtsStepper
@@ -144,7 +145,8 @@ class Runtime:
                  admit_load: float = ADMIT_LOAD, tts_max_lead_s: float = TTS_MAX_LEAD_S, lm: LmChoice = SHIPPED,
                  turns: TurnsChoice = SHIPPED, precision: str = "auto",
                  turn_end_probability: Optional[float] = None,
-                 words: Optional[tuple[ReadingWorker, SileroVad]] = None) -> None:
+                 words: Optional[tuple[ReadingWorker, SileroVad]] = None,
+                 turn_cues: str = DEFAULT_TURN_CUES) -> None:
         """Takes the models over (moves and casts the STT model in place; TTS stays fp32).
         num_threads sets torch's CPU threads for the whole process; tick_s is both the tick
         period and the budget a tick must fit in; tts_max_lead_s is how far a reply's audio may
@@ -153,7 +155,9 @@ class Runtime:
         turn-completion table that weighs on turn ends (the shipped one; None: the acoustic head alone),
         precision how the STT model steps (engine.stt.streaming_model: int8 matrices on CPU by default),
         turn_end_probability the P(end) that closes a caller's turn (engine.stt.StreamDecoder),
-        words a Whisper reading worker and VAD that read the callers' words (closed with the runtime)."""
+        words a Whisper reading worker and VAD that read the callers' words (closed with the runtime),
+        turn_cues which heads confirm turn ends at pauses (engine.turn_cues.TURN_CUES; the pause head
+        itself is the reading worker's)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -161,7 +165,7 @@ class Runtime:
         self.tick_s, self.admit_load = tick_s, admit_load
         model = prepare_model(stt_model, self.device, self.dtype)
         self.stt = SttStepper(model, max_streams, self.device, self.dtype, max_frames_per_tick, self._frame_ready,
-                               lm, turns, precision, turn_end_probability, words)
+                               lm, turns, precision, turn_end_probability, words, turn_cues)
         self.tts = (TtsStepper(tts_model, max_streams, self.device, self._wake_now, tts_max_lead_s)
                     if tts_model is not None else None)
         self.steppers: list[Stepper] = [self.stt] + ([self.tts] if self.tts else [])

@@ -26,10 +26,12 @@ from torch import Tensor
 from ..audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, N_MELS, STEP_SAMPLES, FrameStacker, StreamingWindows, \
     log_mel_rows, to_finite_float
 from ..interface import SttEvent
+from ..models import DEFAULT_TURN_CUES, check_turn_cues
 from ..stt import (SHIPPED, LmChoice, StreamDecoder, SttModel, TurnsChoice, check_turn_end_probability,
                    frame_outputs, resolve_lm, resolve_turns, streaming_model)
 from ..vad import SileroVad
-from ..whisper_stream import ReadingWorker, TurnReader
+from ..whisper_readers import ReadingWorker
+from ..whisper_stream import TurnReader
 from .slots import RuntimeStream, SlotTable, StatePool, StepReport
 
 log = logging.getLogger("engine.runtime")
@@ -156,10 +158,12 @@ class SttStepper(SlotTable):
                  max_frames_per_tick: int = MAX_FRAMES_PER_TICK, frame_ready: Callable[[], None] = lambda: None,
                  lm: LmChoice = SHIPPED, turns: TurnsChoice = SHIPPED, precision: str = "auto",
                  turn_end_probability: Optional[float] = None,
-                 words: Optional[tuple[ReadingWorker, SileroVad]] = None) -> None:
+                 words: Optional[tuple[ReadingWorker, SileroVad]] = None,
+                 turn_cues: str = DEFAULT_TURN_CUES) -> None:
         super().__init__(max_streams)
         self.model, self.device, self.dtype = model, device, dtype
         self.words = words  # Whisper reads the words (engine.whisper_stream); None: the SSM's own
+        self.ssm_ends = "ssm" in check_turn_cues(turn_cues)  # (the pause head is the reading worker's)
         self.stepper = streaming_model(model, precision)  # the model, or its int8 form on CPU
         self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
         self.turns = resolve_turns(turns)  # what was said weighs on turn ends (None: the acoustic head alone)
@@ -180,7 +184,8 @@ class SttStepper(SlotTable):
                 worker, vad = self.words
                 stream.turns = TurnReader(lambda job: worker.submit(job, stream.on_reading), worker.has_room,
                                           vad.stream())
-                stream.turns.advise(stream.decoder)  # the SSM's turn ends weigh Whisper's words
+                if self.ssm_ends:
+                    stream.turns.advise(stream.decoder)  # the SSM's turn ends weigh Whisper's words
             return stream
         return make
 

@@ -27,6 +27,7 @@ from ..interface import Audio, TtsEvent, WordMark
 from ..text import MAX_PENDING_CHARS
 from ..tts import SAMPLE_RATE as TTS_SAMPLE_RATE, Chunk, Schedule, TtsModel, encode_ids, render, synthesize_offline, \
     to_int16
+from ..worker_pool import WorkerPool, hand_over
 from .slots import RuntimeStream, SlotTable, StatePool, StepReport
 
 log = logging.getLogger("engine.runtime")
@@ -145,7 +146,7 @@ def render_batch(batch: RenderBatch) -> "list[np.ndarray] | BaseException":
         return exc
 
 
-class RenderWorker:
+class RenderWorker(WorkerPool):
     """Piper's flow and decoder on their own threads: a render takes 20-100 ms of a core, longer
     than a tick, so the tick (STT frames, text encoding) hands batches over instead of waiting.
     onnxruntime computes without the GIL, so renders and ticks run side by side on the cores.
@@ -156,57 +157,38 @@ class RenderWorker:
 
     def __init__(self, done: Callable[[RenderBatch, "list[np.ndarray] | BaseException"], None],
                  threads: int = TTS_RENDER_THREADS) -> None:
+        super().__init__(threads, "tts-render")
         self._done = done
         self._queue: collections.deque = collections.deque()
-        self._ready = threading.Condition()
-        self._closed = False
         self._spans: collections.deque = collections.deque()  # (ended, seconds) of recent renders
-        self._threads = [threading.Thread(target=self._run, name=f"tts-render-{i}", daemon=True) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
+        self.start()
 
     def submit(self, batch: RenderBatch, first: bool = False) -> None:
         """Queue a batch; `first` (a reply's first audio) goes ahead of the others' next chunks,
         which have a lead to play from."""
-        with self._ready:
-            if first:
-                self._queue.appendleft(batch)
-            else:
-                self._queue.append(batch)
-            self._ready.notify()
+        self._queue_up(lambda: self._queue.appendleft(batch) if first else self._queue.append(batch))
 
     def busy_share(self, now: float) -> float:
         """Share of the last RENDER_BUSY_WINDOW_S spent rendering, with the queue counted as busy."""
         with self._ready:
             while self._spans and self._spans[0][0] < now - RENDER_BUSY_WINDOW_S:
                 self._spans.popleft()
-            busy = sum(seconds for _, seconds in self._spans) / (RENDER_BUSY_WINDOW_S * len(self._threads))
+            busy = sum(seconds for _, seconds in self._spans) / (RENDER_BUSY_WINDOW_S * self.threads)
             return busy + (1.0 if self._queue else 0.0)
 
-    def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-        for thread in self._threads:
-            thread.join(5.0)
+    def _queued(self) -> bool:
+        return bool(self._queue)
 
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._queue and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-                batch = self._queue.popleft()
-            started = time.perf_counter()
-            result = render_batch(batch)
-            ended = time.perf_counter()
-            with self._ready:
-                self._spans.append((ended, ended - started))
-            try:
-                self._done(batch, result)
-            except Exception:  # noqa: BLE001 - a delivery bug must not stop every stream's audio
-                log.exception("delivering rendered TTS audio failed")
+    def _take(self) -> RenderBatch:
+        return self._queue.popleft()
+
+    def _work(self, batch: RenderBatch) -> None:
+        started = time.perf_counter()
+        result = render_batch(batch)
+        ended = time.perf_counter()
+        with self._ready:
+            self._spans.append((ended, ended - started))
+        hand_over(self._done, batch, result, what="rendered TTS audio")
 
 
 class TtsStepper(SlotTable):
