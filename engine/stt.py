@@ -14,6 +14,11 @@ from 0.61 to 0.37 (MODEL_CARD.md); greedy CTC still decides when speech starts, 
 partial while the beam has no word yet (the first letter is what a barge-in pauses on).
 Whether a pause ends the turn is the end-of-turn head's call together with what was said so
 far (engine/turn.py: "my number is" leaves a turn open however long the caller draws breath).
+
+Over 400 lines, kept as one module, as openai/whisper keeps model and decoding apart but each
+whole: the model, its frozen CPU form and the StreamDecoder that reads its per-frame outputs
+share one frame layout (FrameOutput, the head's classes, the 40 ms stride), and the offline
+helpers at the end are the same decoding run over a whole utterance.
 """
 
 from __future__ import annotations
