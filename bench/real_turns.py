@@ -34,20 +34,19 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.vad import SileroVad, WINDOW, speech_breaks
+from engine.vad import SPEECH_ON, SileroVad, WINDOW, speech_breaks
 from engine.wavfile import read_wav, write_wav
 
 SAMPLE_RATE = 16000
 PAUSE_S = (0.4, 0.8)  # a mid-turn pause: a breath, a thought (the range engine.train.eval_set writes)
 MARGIN_S = 0.05  # kept either side of the detected speech
-SPEECH = 0.5  # Silero P(speech) of a speech window
 NOISE_FLOOR = 3e-4  # the pauses are not digital silence: a quiet line's hiss
 
 
 def speech_span(audio: np.ndarray, vad: SileroVad) -> tuple[int, int]:
     """[first, last) sample of speech in a clip, with MARGIN_S either side."""
     probs = vad.stream().push(audio)
-    speech = [k for k, p in enumerate(probs) if p >= SPEECH]
+    speech = [k for k, p in enumerate(probs) if p >= SPEECH_ON]
     if not speech:
         return 0, len(audio)
     margin = int(MARGIN_S * SAMPLE_RATE)
@@ -101,7 +100,6 @@ def write_turn(clips: list[Path], name: Path, vad: SileroVad, rng: random.Random
 
 
 MIN_BREAK_S = 0.15  # a break inside a clip this long is one the speaker made (not a stop consonant)
-VAD_OFF = 0.35  # below this P(speech) the speech has stopped (as engine/whisper_stream.py)
 
 
 
@@ -126,7 +124,7 @@ def build_inner(folder: Path, out: Path, seed: int) -> int:
         audio = read_wav(wav, SAMPLE_RATE)
         first, last = speech_span(audio, vad)
         audio = audio[first:last]
-        gaps = speech_breaks(audio, vad, MIN_BREAK_S, SPEECH, VAD_OFF)
+        gaps = speech_breaks(audio, vad, MIN_BREAK_S)
         if not gaps:
             continue
         pieces, spans, pauses, at, start = [], [], [], 0, 0

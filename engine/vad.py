@@ -20,6 +20,7 @@ SAMPLE_RATE = 16000
 WINDOW = 512  # samples per decision (32 ms): the v6 model's fixed input
 CONTEXT = 64  # samples of the previous window the model sees before each one
 STATE_SHAPE = (1, 1, 128)  # its LSTM's h and c
+SPEECH_ON, SPEECH_OFF = 0.5, 0.35  # P(speech) that starts a sound, and below which it has stopped
 MODEL_SHA256 = "4cbf549b8326f60f80f2536d9eefeb450a9abe83365a098031c89719f1be17d2"  # faster-whisper 1.2.1's
 
 
@@ -70,16 +71,15 @@ class VadStream:
         return out
 
 
-def speech_breaks(audio: np.ndarray, vad: SileroVad, min_break_s: float, on: float = 0.5,
-                  off: float = 0.35) -> list[tuple[int, int]]:
+def speech_breaks(audio: np.ndarray, vad: SileroVad, min_break_s: float) -> list[tuple[int, int]]:
     """[start, end) samples of the quiet stretches of at least `min_break_s` inside the speech
-    of `audio` (speech starts at P >= on and stops below off, as the turn reader hears it)."""
+    of `audio` (speech starts and stops at SPEECH_ON / SPEECH_OFF, as the turn reader hears it)."""
     out, speaking, heard, quiet_from = [], False, False, 0
     for k, p in enumerate(vad.stream().push(audio)):
-        if not speaking and p >= on:
+        if not speaking and p >= SPEECH_ON:
             if heard and (k - quiet_from) * WINDOW >= min_break_s * SAMPLE_RATE:
                 out.append((quiet_from * WINDOW, k * WINDOW))
             speaking = heard = True
-        elif speaking and p < off:
+        elif speaking and p < SPEECH_OFF:
             speaking, quiet_from = False, k
     return out

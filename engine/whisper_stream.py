@@ -42,7 +42,7 @@ import numpy as np
 from .interface import EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttEvent
 from .turn import TurnCompletion, load_turns
 from .turn_cues import CUT_OFF, FINISHED, UNFINISHED, quiet_needed, reading_says, table_words
-from .vad import WINDOW as VAD_WINDOW, VadStream
+from .vad import SPEECH_OFF, SPEECH_ON, WINDOW as VAD_WINDOW, VadStream
 from .whisper import MAX_SECONDS, SAMPLE_RATE, _key
 
 HOP_S = 0.32  # new speech between partial re-reads at most (0.5 s halves the CPU, doubles the lag) ...
@@ -57,7 +57,6 @@ MIN_PARTIAL_SPEECH_S = 0.4  # ... where it has: this much speech heard by the VA
 PRE_ROLL_S = 0.5  # read from this long before a detected start (never before the last turn's end):
 # the SSM flags speech 20-80 ms into a word on the voices it knows, later on some real ones
 KEEP_S = MAX_SECONDS - 1.0  # a turn longer than Whisper's window is read by its last KEEP_S
-VAD_ON, VAD_OFF = 0.5, 0.35  # Silero P(speech) that starts a sound, and below which it has stopped
 FINAL, PAUSE, PARTIAL = 0, 1, 2  # reading kinds, in the order a busy reader takes them
 
 
@@ -183,7 +182,7 @@ class TurnReader:
         done = self.vad.windows
         for k, p in enumerate(self.vad.push(audio), start=done):
             at = k * VAD_WINDOW
-            if not self.vad_speaking and p >= VAD_ON:
+            if not self.vad_speaking and p >= SPEECH_ON:
                 self.vad_speaking = True
                 self.pause = None
                 self.ssm_end = False
@@ -193,7 +192,7 @@ class TurnReader:
                 self.vad_in_turn = True
                 self.speech.append([at, -1])
                 self.read_through = max(self.read_through, at)  # the next partial reads HOP_S of new speech
-            elif self.vad_speaking and p < VAD_OFF:
+            elif self.vad_speaking and p < SPEECH_OFF:
                 self.vad_speaking = False
                 if self.speech and self.speech[-1][1] < 0:
                     self.speech[-1][1] = at

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
 
-class WorkerPool:
+class WorkerPool(ABC):
     def __init__(self, threads: int, name: str) -> None:
         self.threads = threads
         self._ready = threading.Condition()
@@ -42,14 +43,17 @@ class WorkerPool:
         for thread in self._pool:
             thread.join(5.0)
 
+    @abstractmethod
     def _queued(self) -> bool:
-        raise NotImplementedError
+        """Whether an item waits (called under the lock)."""
 
+    @abstractmethod
     def _take(self) -> Any:
-        raise NotImplementedError
+        """The next item off the queue (called under the lock, with one waiting)."""
 
+    @abstractmethod
     def _work(self, item: Any) -> None:
-        raise NotImplementedError
+        """Do the item's work and hand its result over (on the pool's thread, outside the lock)."""
 
     def _run(self) -> None:
         while True:

@@ -34,7 +34,6 @@ PAUSE_RANGE = (0.4, 0.8)  # s: the mid-turn pauses the end-of-turn target names
 P_STRETCH = 0.8  # chance a break the voice made becomes a pause
 MIN_BREAK_S = 0.09  # a break at least this long (3 VAD windows) is one the voice made on purpose
 LEAD_S, TAIL_S = 0.3, 1.5
-SPEECH, QUIET = 0.5, 0.35  # Silero P(speech) that starts a sound and below which it has stopped
 
 
 def stretch(audio: np.ndarray, gaps: list[tuple[int, int]], rng: np.random.Generator) -> tuple[np.ndarray, list, list]:
@@ -81,7 +80,7 @@ def build(out: str, n: int, seed: int = SEED, worker: int = 0, workers: int = 1)
             continue
         utterance, voice = texts[i], speaker(i, seed)
         audio = synth(voice, " ".join(utterance.segments))
-        gaps = speech_breaks(audio, vad, MIN_BREAK_S, SPEECH, QUIET)
+        gaps = speech_breaks(audio, vad, MIN_BREAK_S)
         audio, spans, pauses = stretch(audio, gaps, np.random.default_rng([seed, 9, i]))
         write_wav(name + ".wav", audio)
         with open(name + ".txt", "w") as f:

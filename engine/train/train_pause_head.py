@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.pause_head import SHIPPED_WEIGHTS, PauseHead, features
-from engine.vad import WINDOW, SileroVad
+from engine.vad import SPEECH_OFF, SPEECH_ON, WINDOW, SileroVad
 from engine.wavfile import read_wav
 from engine.whisper import SAMPLE_RATE, WhisperReader
-from engine.whisper_stream import PRE_ROLL_S, VAD_OFF, VAD_ON
+from engine.whisper_stream import PRE_ROLL_S
 
 VALIDATION_EVERY = 7
 MAX_PAUSE_CALLS = 0.04  # of mid-turn pauses the head alone may call ends (the target allows 5 %)
@@ -49,10 +49,10 @@ def pause_windows(audio: np.ndarray, spans: list, vad: SileroVad) -> list[tuple[
     out, speaking, start = [], False, None
     for k, p in enumerate(probs):
         at = k * WINDOW
-        if not speaking and p >= VAD_ON:
+        if not speaking and p >= SPEECH_ON:
             speaking = True
             start = max(0, at - int(PRE_ROLL_S * SAMPLE_RATE)) if start is None else start
-        elif speaking and p < VAD_OFF:
+        elif speaking and p < SPEECH_OFF:
             speaking = False
             stop = min(len(audio), at + WINDOW)
             out.append((audio[start:stop], int(at >= last_end - END_TOLERANCE_S * SAMPLE_RATE)))
