@@ -21,10 +21,9 @@ import engine
 from engine import SpeechEngine
 from engine.tts import TtsConfig, TtsModel
 from engine.tts import load_model as load_tts
-from gateway.app import SIP_KEY
 from tests.conftest import missing
-from tests.kit.sipp import CALLER_WAV, EVENT_DEADLINE_S, SIPP, SipEvents, dtmf_capture, free_udp_port, \
-    rtp_capture, run_sipp, scenario, ulaw_file
+from tests.kit.sipp import AGENT_URI, CALLER_WAV, EVENT_DEADLINE_S, SIPP, agent_flow, dtmf_capture, rtp_capture, \
+    run_sipp, scenario, sip_gateway, ulaw_file
 
 pytestmark = pytest.mark.timeout(600)  # whole-suite cost: about two minutes on a busy 2-core machine
 DEADLINE_S = EVENT_DEADLINE_S
@@ -49,11 +48,6 @@ def whisper_engine():
 def need_sipp() -> None:
     if SIPP is None:
         missing("sipp is not installed (apt-get install sip-tester; `make test` does)")
-
-
-async def sip_gateway(start_gateway, **settings):
-    gateway = await start_gateway(sip_port=free_udp_port(), sip_t1_ms=100, **settings)
-    return gateway, gateway.app[SIP_KEY], SipEvents(gateway.app[SIP_KEY])
 
 
 async def test_a_phone_call_is_heard_and_keys_hold_and_bye_work(start_gateway, whisper_engine, tmp_path):
@@ -111,17 +105,13 @@ async def test_pressing_zero_for_an_agent_transfers_the_call_by_refer(start_gate
     Parley says its line, REFERs the caller there, follows the NOTIFYs to the target's 200,
     then hangs up (outcome transferred)."""
     need_sipp()
-    flow = tmp_path / "flow.yaml"
-    flow.write_text('greeting: "Hello."\nfallback: "Sorry?"\nintents:\n  agent:\n    dtmf: "0"\n'
-                    '    keywords: [agent, person]\n    reply: "Connecting you."\n'
-                    '    transfer: sip:agent@127.0.0.1:5999\n')
     gateway, agent, events = await sip_gateway(start_gateway, mode="conversation", responder="scripted",
-                                               flow_file=str(flow), speech_engine=_small_engine())
+                                               flow_file=agent_flow(tmp_path), speech_engine=_small_engine())
     path = scenario("referee", tmp_path, caller_pcap=dtmf_capture("0"))
     status, output = await run_sipp(path, agent.port)
     assert status == 0, output
     assert [e["digit"] for e in events.all("dtmf")] == ["0"]
-    assert events.all("session.handoff")[0]["target"] == "sip:agent@127.0.0.1:5999"
+    assert events.all("session.handoff")[0]["target"] == AGENT_URI
     assert events.all("transfer.ended")[0]["ok"] is True
     await events.wait(lambda: 'outcome="transferred"' in gateway.registry.metrics.exposition().decode())
 
@@ -132,12 +122,9 @@ async def test_asking_for_an_agent_in_words_transfers_the_call_by_refer(start_ga
     the flow's agent intent matches its keyword and hands off with the transfer target, and
     Parley REFERs the caller there (SIPp checks Refer-To, answers 202 and NOTIFYs 100, 200)."""
     need_sipp()
-    flow = tmp_path / "flow.yaml"
-    flow.write_text('greeting: "Hello."\nfallback: "Sorry?"\nintents:\n  agent:\n'
-                    '    keywords: [agent, person]\n    reply: "Connecting you."\n'
-                    '    transfer: sip:agent@127.0.0.1:5999\n')
     gateway, agent, events = await sip_gateway(start_gateway, mode="conversation", responder="scripted",
-                                               flow_file=str(flow), speech_engine=whisper_engine)
+                                               flow_file=agent_flow(tmp_path, dtmf=False),
+                                               speech_engine=whisper_engine)
     speech = rtp_capture(ulaw_file(_spoken("I'd like to talk to an agent, please.", tmp_path / "ask.wav"),
                                    tmp_path / "ask.ulaw", lead_s=0.5, tail_s=1.5), tmp_path / "ask.pcap")
     path = scenario("referee", tmp_path, caller_pcap=speech)
@@ -146,7 +133,7 @@ async def test_asking_for_an_agent_in_words_transfers_the_call_by_refer(start_ga
     assert status == 0, (finals, output)
     assert "agent" in " ".join(finals).lower(), finals
     assert not events.all("dtmf")
-    assert events.all("session.handoff")[0]["target"] == "sip:agent@127.0.0.1:5999"
+    assert events.all("session.handoff")[0]["target"] == AGENT_URI
     assert events.all("transfer.ended")[0]["ok"] is True  # the REFER was accepted (202) and the NOTIFYs followed
     await events.wait(lambda: 'outcome="transferred"' in gateway.registry.metrics.exposition().decode())
 

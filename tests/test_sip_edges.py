@@ -11,21 +11,15 @@ import time
 import aiohttp
 import pytest
 
-from gateway.app import SIP_KEY
 from gateway.conversation import TRANSFER_FAILED
 from tests.kit import processes
-from tests.kit.sipp import SipEvents, dtmf_capture, free_udp_port, run_sipp, scenario, serve_sipp
+from tests.kit.sipp import agent_flow, dtmf_capture, free_udp_port, run_sipp, scenario, serve_sipp, sip_gateway
 from tests.test_sip_calls import _small_engine, need_sipp
 
 pytestmark = pytest.mark.timeout(300)
 DEADLINE_S = 60.0  # generous: the machine may be busy
 STRANGER_IP = "127.0.0.2"  # another source on the loopback, outside 127.0.0.1/32
 DRAIN_TIMEOUT_S = 5
-
-
-async def sip_gateway(start_gateway, **settings):
-    gateway = await start_gateway(sip_port=free_udp_port(), sip_t1_ms=100, **settings)
-    return gateway, gateway.app[SIP_KEY], SipEvents(gateway.app[SIP_KEY])
 
 
 def metric(gateway, line: str) -> float:
@@ -74,12 +68,8 @@ async def test_a_refused_transfer_tells_the_caller_and_keeps_the_call(start_gate
     an error event (transfer_failed) and Parley's spoken apology, and the call stays up:
     Parley sends no BYE, and the caller's own BYE is answered (outcome hangup)."""
     need_sipp()
-    flow = tmp_path / "flow.yaml"
-    flow.write_text('greeting: "Hello."\nfallback: "Sorry?"\nintents:\n  agent:\n    dtmf: "0"\n'
-                    '    keywords: [agent, person]\n    reply: "Connecting you."\n'
-                    '    transfer: sip:agent@127.0.0.1:5999\n')
     gateway, agent, events = await sip_gateway(start_gateway, mode="conversation", responder="scripted",
-                                               flow_file=str(flow), speech_engine=_small_engine())
+                                               flow_file=agent_flow(tmp_path), speech_engine=_small_engine())
     path = scenario("refused_referee", tmp_path, dtmf_pcap=dtmf_capture("0"), listen_ms=3000)
     status, output = await run_sipp(path, agent.port)
     assert status == 0, output

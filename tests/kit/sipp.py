@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from engine.wavfile import read_wav
+from gateway.app import SIP_KEY
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -33,6 +34,7 @@ EVENT_DEADLINE_S = 120.0  # generous: the machine may be busy
 SIPP = shutil.which("sipp")
 SIP_TESTER = Path("/usr/share/sip-tester")  # sip-tester's RFC 4733 captures: dtmf_2833_<key>.pcap
 SIPP_DEADLINE_S = 240.0  # generous: the machine may be busy
+AGENT_URI = "sip:agent@127.0.0.1:5999"  # where the agent flow transfers callers (SIPp's referee answers)
 
 
 def dtmf_capture(key: str) -> Path:
@@ -139,6 +141,23 @@ async def _sipp(scenario_path: Path, *args: str) -> tuple[int, str]:
         raise
     detail = errors.read_text()[-3000:] if errors.exists() else ""
     return proc.returncode, out.decode(errors="replace")[-3000:] + detail
+
+
+async def sip_gateway(start_gateway, **settings):
+    """A gateway (from the start_gateway fixture) with its SIP agent on a free port -> (gateway,
+    agent, SipEvents)."""
+    gateway = await start_gateway(sip_port=free_udp_port(), sip_t1_ms=100, **settings)
+    return gateway, gateway.app[SIP_KEY], SipEvents(gateway.app[SIP_KEY])
+
+
+def agent_flow(out_dir: Path, dtmf: bool = True) -> str:
+    """A scripted flow whose agent intent (key 0 when `dtmf`, or the words) transfers to AGENT_URI."""
+    path = out_dir / "flow.yaml"
+    keys = '    dtmf: "0"\n' if dtmf else ""
+    path.write_text('greeting: "Hello."\nfallback: "Sorry?"\nintents:\n  agent:\n' + keys +
+                    '    keywords: [agent, person]\n    reply: "Connecting you."\n'
+                    f"    transfer: {AGENT_URI}\n")
+    return str(path)
 
 
 def free_udp_port() -> int:
