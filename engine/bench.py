@@ -19,6 +19,8 @@ TRAILING_SILENCE_S of silence for the end-of-turn decision. Reported:
   the exact model), reported as the stepping class;
 - partial_lag_ms_p50: for each word of the final transcript, audio time at which it first
   appeared in a partial minus the word's end time (from the model's own CTC alignment);
+  first_heard_lag_ms_p50: the same for the word first shown in its place, settled or
+  tentative (Partial.tentative: a reading's words before a second one confirms them);
 - eot_latency_ms_p50: the first EndOfTurn at or after the end of the last word, minus that end;
 - false_eot_rate: files with an EndOfTurn before their last word ended (a mid-turn pause
   taken for the end); eot_missed: files with no EndOfTurn after the last word; n: files.
@@ -64,7 +66,7 @@ from .interface import EndOfTurn, Final, Partial
 from .models import DEFAULT_TURN_CUES, SSM, STT_MODELS, TURN_CUES, WHISPER
 from .pause_head import load_pause_head
 from .vad import SileroVad
-from .whisper import WhisperReader
+from .whisper import WhisperReader, _key
 from .whisper_readers import InlineRecognizer
 from .stt import (PRECISIONS, SHIPPED, LmChoice, Recognizer, SttModel, TurnsChoice, check_turn_end_probability,
                   default_turn_end_probability, load_model as load_stt, resolve_lm, resolve_precision, resolve_turns)
@@ -122,6 +124,7 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
         recognizer = InlineRecognizer(recognizer, reader, vad.stream() if vad is not None else None, pause_head, ssm_ends)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it
+    shown: list[tuple[float, list[str]]] = []  # (when, the words a partial showed, tentative ones too)
     finals, eot_times = [], []
     started, cpu_started = time.perf_counter(), time.process_time()
     for start in range(0, len(padded), PUSH_SAMPLES):
@@ -131,6 +134,7 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
             if isinstance(event, Partial):
                 for i in range(len(event.text.split())):
                     first_seen.setdefault(i, now)
+                shown.append((now, f"{event.text} {event.tentative}".split()))
             elif isinstance(event, Final):
                 finals.append(event)
             elif isinstance(event, EndOfTurn):
@@ -139,13 +143,23 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     words = [w for f in finals for w in f.words]
     lags = [first_seen[i] - end for i, (_, _, end) in enumerate(words) if i in first_seen]
+    heard_lags = [when - end for i, (word, _, end) in enumerate(words)
+                  for when in [first_shown(shown, i, word)] if when is not None]
     last_end = spoken_until if spoken_until is not None else words[-1][2] if words else None
     after = [t for t in eot_times if last_end is not None and t >= last_end]
     after_pause, in_speech = turn_ends_per_pause(eot_times, list(pauses), last_end) if last_end is not None else ([], False)
     return {"text": " ".join(f.text for f in finals), "elapsed": elapsed, "cpu": cpu, "lags": lags,
+            "heard_lags": heard_lags,
             "eot_latency": (after[0] - last_end) if after else None,
             "false_eot": last_end is not None and any(t < last_end for t in eot_times),
             "false_eot_after_pause": after_pause, "false_eot_in_speech": in_speech}
+
+
+def first_shown(shown: list[tuple[float, list[str]]], index: int, word: str) -> Optional[float]:
+    """When a partial first showed `word` (case and punctuation aside) as the turn's word
+    `index`, settled or tentative; None if none did."""
+    key = _key(word)
+    return next((when for when, words in shown if len(words) > index and _key(words[index]) == key), None)
 
 
 def turn_end_probability(text: str) -> float:
@@ -167,7 +181,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
     lm = resolve_lm(None if args.lm == "none" else args.lm)
     turns = resolve_turns(None if args.turns == "none" else args.turns)
     timed_by = set()
-    refs, hyps, lags, eot_latencies = [], [], [], []
+    refs, hyps, lags, heard_lags, eot_latencies = [], [], [], [], []
     audio_s = elapsed = cpu = 0.0
     missed = false_eots = in_speech = 0
     after_pause: list[bool] = []
@@ -184,6 +198,7 @@ def bench_stt(args: argparse.Namespace) -> dict:
         refs.append(normalize_for_wer(text))
         hyps.append(normalize_for_wer(result["text"]))
         lags += result["lags"]
+        heard_lags += result["heard_lags"]
         false_eots += result["false_eot"]
         after_pause += result["false_eot_after_pause"]
         in_speech += result["false_eot_in_speech"] and spoken_until is not None
@@ -208,7 +223,8 @@ def bench_stt(args: argparse.Namespace) -> dict:
             "wer": round(word_error_rate(refs, hyps), 4), "cer": round(char_error_rate(refs, hyps), 4),
             "rtf": round(elapsed / audio_s, 4) if audio_s else None,
             "rtf_cpu": round(cpu / audio_s, 4) if audio_s else None,
-            "partial_lag_ms_p50": p50_ms(lags), "eot_latency_ms_p50": p50_ms(eot_latencies),
+            "partial_lag_ms_p50": p50_ms(lags), "first_heard_lag_ms_p50": p50_ms(heard_lags),
+            "eot_latency_ms_p50": p50_ms(eot_latencies),
             "eot_missed": missed, "false_eot_rate": round(false_eots / len(refs), 4) if refs else None,
             "false_eot_pause_rate": round(sum(after_pause) / len(after_pause), 4) if after_pause else None,
             "pauses": len(after_pause), "false_eot_in_speech": in_speech,

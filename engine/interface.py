@@ -49,9 +49,11 @@ class SpeechLikely:
 
 @dataclass(frozen=True)
 class Partial:
-    """Unstable transcript of the words so far in this turn."""
+    """The words heard so far in this turn: `text` will not change (later partials only add to
+    it); `tentative`, the words after it in the latest reading, may still change or go."""
 
     text: str
+    tentative: str = ""
 
 
 @dataclass(frozen=True)

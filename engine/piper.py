@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import threading
 from pathlib import Path
 
 import numpy as np

@@ -43,6 +43,9 @@ MAX_FRAMES_PER_ID = 60  # 0.7 s: a cap on any predicted duration
 FIRST_CHUNK_FRAMES = 8  # the first chunk is short (93 ms of audio): time to first audio ...
 CHUNK_FRAMES = 64  # ... then chunks double up to this (743 ms): each chunk renders 2 x CONTEXT_FRAMES
 # more than it keeps, so long chunks waste less. cancel() acts at a chunk boundary.
+FIRST_ENCODE_IDS = 24  # a reply's first encoder call takes only this many ids (~9 phonemes with their
+# pads, ~60 frames: the first chunk and its right context): an encoder call costs about its
+# length (6 ms for 24 ids, 14 ms for a 150-id sentence), and the rest can wait for the next.
 SHIPPED_WEIGHTS = weights.WEIGHTS_DIR / "tts.safetensors"
 
 
@@ -143,9 +146,10 @@ class Schedule:
     def __init__(self, lookahead: int) -> None:
         self.lookahead = lookahead
         self.text = IncrementalText()
+        self.unencoded: deque[tuple[int, Optional[str]]] = deque()  # (id, its word start) not yet encoded
         self.ids_seen = 0  # ids fed to the encoder (including END_ID padding)
         self.words: deque[Optional[str]] = deque()  # per fed id, its word start (or None)
-        self.ended = False
+        self.text_ended = False
         self.frames = np.zeros((PRIOR_CHANNELS, 0), np.float32)  # prior frames from frame `base` on
         self.base = 0
         self.known = 0  # frames known so far
@@ -154,18 +158,33 @@ class Schedule:
         self.word_marks: list[WordMark] = []
 
     @property
+    def ended(self) -> bool:
+        """The text has ended and every id of it is encoded: no frame waits for more context."""
+        return self.text_ended and not self.unencoded
+
+    @property
     def done(self) -> bool:
         return self.ended and self.rendered == self.known and not self.marks
 
-    def push_text(self, delta: str) -> tuple[list[int], list[Optional[str]]]:
-        """Text delta -> (ids to encode now, their word labels); ([], []) until a phrase is stable."""
-        return self._ids(self.text.push(delta))
+    def push_text(self, delta: str) -> None:
+        """Text delta -> the ids of its stable phrases, queued for the encoder (take_unencoded)."""
+        self.unencoded.extend(zip(*self._ids(self.text.push(delta))))
 
-    def end(self) -> tuple[list[int], list[Optional[str]]]:
-        """No more text -> the last ids to encode, then LOOKAHEAD END_IDs ("no more text")."""
+    def end(self) -> None:
+        """No more text -> the last ids queued, then LOOKAHEAD END_IDs ("no more text")."""
         ids, labels = self._ids(self.text.end())
-        self.ended = True
-        return ids + [END_ID] * self.lookahead, labels + [None] * self.lookahead
+        self.text_ended = True
+        self.unencoded.extend(zip(ids + [END_ID] * self.lookahead, labels + [None] * self.lookahead))
+
+    def take_unencoded(self, limit: Optional[int] = None) -> tuple[list[int], list[Optional[str]]]:
+        """Up to `limit` (default all) queued ids for the encoder, and their word labels."""
+        taken = [self.unencoded.popleft() for _ in range(min(len(self.unencoded), limit or len(self.unencoded)))]
+        return [i for i, _ in taken], [label for _, label in taken]
+
+    def encode_limit(self) -> Optional[int]:
+        """How many ids the next encoder call should take: FIRST_ENCODE_IDS while no frame has
+        been rendered (time to first audio), else all that are queued."""
+        return FIRST_ENCODE_IDS if self.rendered == 0 else None
 
     @staticmethod
     def _ids(phrases: list[Phrase]) -> tuple[list[int], list[Optional[str]]]:
@@ -224,7 +243,8 @@ class Schedule:
         self.frames, self.base = self.frames[:, :0], self.known
         self.rendered = self.known
         self.marks.clear()
-        self.ended = True
+        self.unencoded.clear()
+        self.text_ended = True
 
 
 @torch.inference_mode()
@@ -314,24 +334,28 @@ class Synthesizer:
 
     def push_text(self, delta: str) -> None:
         if not self.cancelled:
-            self._encode(*self.schedule.push_text(delta))
+            self.schedule.push_text(delta)
 
     def end(self) -> None:
-        if not (self.cancelled or self.schedule.ended):
-            self._encode(*self.schedule.end())
+        if not (self.cancelled or self.schedule.text_ended):
+            self.schedule.end()
 
     def cancel(self) -> None:
         self.cancelled = True
         self.schedule.clear()
 
-    def _encode(self, ids: list[int], labels: list[Optional[str]]) -> None:
-        self.encoder_state, self.history = encode_ids(self.model, self.schedule, ids, labels,
-                                                      self.encoder_state, self.history)
+    def _encode(self, frames: int) -> None:
+        """Queued ids through the encoder until `frames` are ready to render (or none is queued)."""
+        while self.schedule.unencoded and self.schedule.frames_ready() < frames:
+            ids, labels = self.schedule.take_unencoded(self.schedule.encode_limit())
+            self.encoder_state, self.history = encode_ids(self.model, self.schedule, ids, labels,
+                                                          self.encoder_state, self.history)
 
     def pull(self) -> list[TtsEvent]:
-        """Render the next chunk of ready frames -> events ([] when nothing is ready)."""
+        """Encode what the next chunk needs and render it -> events ([] when nothing is ready)."""
         if self.cancelled:
             return []
+        self._encode(self.chunk_frames)
         chunk, marks = self.schedule.take(self.chunk_frames)
         if chunk is None:
             return list(marks)

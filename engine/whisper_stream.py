@@ -3,7 +3,7 @@
     caller audio ─┬─► Parley's SSM stream (engine/stt.py): SpeechLikely, SpeechStart, EndOfTurn
                   │        │  (its heads decide when speech starts and when a turn ends)
                   └────────┴─► TurnReader ─► readings of the turn's audio (engine/whisper.py, on a
-                                   │          worker thread) ─► Partial (stable words), Final
+                                   │          worker thread) ─► Partial (stable words + tentative ones), Final
                                    └─► the engine's events, in stream order
 
 The SSM still listens frame by frame, batched with every other stream in the runtime's tick:
@@ -15,10 +15,11 @@ callers at 0.96 WER. Whisper tiny.en reads them at 0.07, but only whole windows,
   a re-read costs; from the first MIN_PARTIAL_SPEECH_S of speech on: Whisper hallucinates
   "Thank you" on near-silence) the turn so far is re-read; the words on which the last two
   readings agree (LocalAgreement-2) are committed and never taken back; a Partial carries
-  them. When the VAD hears the speech stop, the turn is read at once (a pause reading): no
-  word of it is cut off, so its words are committed at once too (the last words of a
-  sentence need not wait for two more re-reads or the Final), and the re-reads after it
-  read from that pause on. Partial re-reads never wait behind a pause reading: they stop
+  them, and as `tentative` the latest reading's words after them (shown at once, confirmed
+  or replaced by the next reading). When the VAD hears the speech stop, the turn is read at
+  once (a pause reading): no word of it is cut off, so its words are committed at once too
+  (the last words of a sentence need not wait for two more re-reads or the Final), and the
+  re-reads after it read from that pause on. Partial re-reads never wait behind a pause reading: they stop
   only because no new speech came;
 - the end of turn is decided at each pause from three cues: how long the VAD has heard no
   speech, what the pause reading's words say (the turn-completion table, engine/turn.py,
@@ -137,6 +138,7 @@ class TurnReader:
         self.speech: list[list[int]] = []  # the VAD's stretches of speech in this turn, [start, end or -1]
         self.committed: list[str] = []  # words no partial of this turn takes back
         self.previous: list[str] = []  # the last partial reading's words
+        self.tentative: list[str] = []  # the words after the committed ones the last Partial showed
         self.partial_in_flight = False
         self.read_through = 0  # stream sample: the turn has been read (or sent for reading) up to here
         self.hop = HOP_S  # new speech before the next partial re-read (see PARTIAL_COST_RATIO)
@@ -279,7 +281,7 @@ class TurnReader:
         self.vad_in_turn = False
         self.pause = None
         self.speech = []
-        self.committed, self.previous = [], []
+        self.committed, self.previous, self.tentative = [], [], []
         self.anchor = (0, ())
         self.read_through = self.turn_start
         self.hop = MIN_HOP_S  # a turn's first re-reads are short, so cheap
@@ -354,14 +356,20 @@ class TurnReader:
         return self._commit(common_prefix(self.previous, words), words)
 
     def _commit(self, stable: list[str], words: list[str]) -> list[SttEvent]:
-        """Commit `stable` if it extends what is committed; `words` is the latest reading."""
+        """Commit `stable` if it extends what is committed; `words` is the latest reading. A
+        Partial goes out when the committed words grew or the tentative ones (the reading's
+        words after them, shown before a second reading confirms them) changed."""
         self.previous = words
         while stable and stable[-1].endswith(CUT_OFF):  # "a..." "dis-": a word the window cut
             stable = stable[:-1]
-        if len(stable) > len(self.committed) and len(common_prefix(stable, self.committed)) == len(self.committed):
+        grew = len(stable) > len(self.committed) and len(common_prefix(stable, self.committed)) == len(self.committed)
+        if grew:
             self.committed = self.committed + stable[len(self.committed):]  # as the words went out before
-            return self._send([Partial(" ".join(self.committed))])
-        return []
+        tentative = tentative_words(self.committed, words)
+        if not grew and tentative == self.tentative:
+            return []
+        self.tentative = tentative
+        return self._send([Partial(" ".join(self.committed), " ".join(tentative))])
 
     # -- audio --
 
@@ -397,6 +405,16 @@ def common_prefix(a: list[str], b: list[str]) -> list[str]:
     while n < len(a) and n < len(b) and _key(a[n]) == _key(b[n]):
         n += 1
     return b[:n]
+
+
+def tentative_words(committed: list[str], words: list[str]) -> list[str]:
+    """A reading's words after the committed ones, when it starts with them (else none: it
+    reads the turn differently, and the next reading decides); without a last word the
+    window cut off."""
+    if len(common_prefix(committed, words)) < len(committed):
+        return []
+    tail = words[len(committed):]
+    return tail[:-1] if tail and tail[-1].endswith(CUT_OFF) else tail
 
 
 def spread_words(words: list[str], start: float, end: float) -> list[tuple[str, float, float]]:

@@ -266,7 +266,7 @@ class Conversation:
         elif isinstance(event, SpeechStart):
             self._on_speech_start()
         elif isinstance(event, Partial):
-            self.events.emit("transcript.partial", text=event.text)
+            self.events.emit("transcript.partial", text=event.text, tentative=event.tentative)
             if self._speaking() and self.barge_in.caller_spoke(event.text):
                 self._barge_in()
             elif event.text.strip():

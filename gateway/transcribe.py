@@ -46,7 +46,7 @@ class Transcribe:
         if isinstance(event, SpeechStart):
             self.events.emit("speech.start", audio_t=round(event.t, 3))
         elif isinstance(event, Partial):
-            self.events.emit("transcript.partial", text=event.text)
+            self.events.emit("transcript.partial", text=event.text, tentative=event.tentative)
         elif isinstance(event, Final):
             words = [{"word": w, "start": round(t0, 3), "end": round(t1, 3)} for w, t0, t1 in event.words]
             self.events.emit("transcript.final", text=event.text, words=words)

@@ -68,13 +68,24 @@ parley.addEventListener("microphone", ({ detail: { stream } }) => (stream ? star
 
 // -- the gateway's events ----------------------------------------------------------------
 
+// The turn's words so far: the settled ones, then (fainter) the latest reading's guess at the
+// rest, which the next reading confirms or replaces.
+function showPartial(text, tentative = "") {
+  const settled = document.createElement("span");
+  settled.textContent = text; // text, never HTML
+  const guess = document.createElement("span");
+  guess.className = "tentative";
+  guess.textContent = text && tentative ? ` ${tentative}` : tentative;
+  ui.partial.replaceChildren(settled, guess);
+}
+
 parley.addEventListener("gatewayevent", ({ detail: event }) => {
   switch (event.type) {
     case "call.stats":
       renderStats(event);
       break;
     case "transcript.partial":
-      if (ui.partial) ui.partial.textContent = event.text;
+      if (ui.partial) showPartial(event.text, event.tentative);
       break;
     case "transcript.final":
       if (ui.transcript && event.text) {

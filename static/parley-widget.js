@@ -87,6 +87,7 @@ const STYLE = `
 .captions li { margin: 4px 0; padding: 6px 8px; border-radius: 8px; background: color-mix(in srgb, var(--fg) 6%, transparent); }
 .captions li.assistant { background: color-mix(in srgb, var(--accent) 14%, transparent); }
 .captions li.partial { color: var(--muted); font-style: italic; }
+.captions li.partial .tentative { opacity: 0.6; }
 .captions .who { display: block; font-size: 12px; color: var(--muted); }
 .captions s { color: var(--muted); }
 .controls { display: flex; gap: 8px; }
@@ -232,10 +233,13 @@ export class ParleyVoice extends HTMLElement {
         this._turnEnded = false;
         if (live) this._setState("listening");
         break;
-      case "transcript.partial":
-        this._partialCaption().lastChild.textContent = event.text;
-        this._emit("transcript", { text: event.text, final: false });
+      case "transcript.partial": {
+        const [settled, guess] = this._partialCaption().querySelectorAll("span + span");
+        settled.textContent = event.text;
+        guess.textContent = event.text && event.tentative ? ` ${event.tentative}` : event.tentative || "";
+        this._emit("transcript", { text: event.text, tentative: event.tentative || "", final: false });
         break;
+      }
       case "transcript.final":
         this._partial?.remove();
         this._partial = null;
@@ -313,7 +317,8 @@ export class ParleyVoice extends HTMLElement {
 
   _partialCaption() {
     if (!this._partial?.isConnected) {
-      this._partial = element("li", { className: "partial" }, element("span", { className: "who" }, "You"), element("span"));
+      this._partial = element("li", { className: "partial" }, element("span", { className: "who" }, "You"), element("span"),
+        element("span", { className: "tentative" }));
       this._captions.append(this._partial);
     }
     return this._partial;

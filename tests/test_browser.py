@@ -327,6 +327,12 @@ async def test_browser_conversation_view(start_gateway, tmp_path, http):
         samples = await scrape(http, gateway.url)
         assert samples["parley_turn_stage_seconds_count{stage=browser_playout}"] >= 1
         print(f"browser playout stage: {playout}")
+        # A partial's settled words, then its tentative ones, fainter; as text, never HTML
+        await page.evaluate("""window.parley.dispatchEvent(new CustomEvent("gatewayevent", {detail:
+            {type: "transcript.partial", text: "I would", tentative: "like <b>two</b>"}}))""")
+        assert await page.inner_text("#partial") == "I would like <b>two</b>"
+        assert await page.inner_text("#partial .tentative") == " like <b>two</b>"
+        assert await page.evaluate("getComputedStyle(document.querySelector('#partial .tentative')).opacity") == "0.6"
         await page.click("#hangup")
         await page.wait_for_function("window.parley.state === 'ended'")
 

@@ -17,7 +17,7 @@ from engine.interface import DEFAULT_VOICE, TTS_VOICES, Audio, TtsStream, WordMa
 from engine.runtime import CapacityError, Runtime, SpeechEngine, StreamFailed
 from engine.stt import SttConfig, SttModel
 from engine.text import MAX_PENDING_CHARS
-from engine.tts import TtsConfig, TtsModel, synthesize_offline
+from engine.tts import FIRST_ENCODE_IDS, SHIPPED_WEIGHTS, TtsConfig, TtsModel, load_model as load_tts, synthesize_offline
 
 TEXTS = ["Sure, your order 4512 ships on Monday. The total is $12.50, anything else?",
          "Hello there! How can I help you today?",
@@ -92,6 +92,24 @@ def test_batched_replies_equal_single_stream_synthesis(tts_model):
     stats = runtime.stats()
     assert stats.mean_batch > 1 and stats.ttfa_ms_p50 is not None and stats.tts_streams_open == 0
     assert runtime.tts.free_slots() == 4
+
+
+@pytest.mark.skipif(not SHIPPED_WEIGHTS.exists(), reason="no engine/weights/tts.safetensors")
+def test_a_replys_first_chunk_does_not_wait_for_the_whole_text_to_be_encoded():
+    """A reply pushed whole: its first tick encodes only what the first chunk needs and
+    renders it; the rest is encoded in the ticks after (while that chunk renders, with a
+    render thread). The speech is the single-stream synthesis all the same."""
+    model = load_tts()
+    runtime = runtime_with(model)
+    stream = runtime.open_tts("reply")
+    stream.push_text(TEXTS[0])
+    stream.end()
+    runtime.tick()
+    first = stream.poll()
+    assert any(isinstance(event, Audio) for event in first)
+    assert stream.schedule.ids_seen == FIRST_ENCODE_IDS  # what the encoder has seen so far
+    drain(runtime, [stream])
+    assert_same_speech(first + stream.poll(), model, TEXTS[0])
 
 
 def test_reused_slot_starts_clean(tts_model):

@@ -43,7 +43,7 @@ async def test_transcribe_mode_sends_the_recognizers_events(start_gateway, http)
     start = await caller.wait_for_event("speech.start", DEADLINE_S)
     final = await caller.wait_for_event("transcript.final", DEADLINE_S)
     turn_end = await caller.wait_for_event("turn.end", DEADLINE_S)
-    assert partial["text"] == "a" and final["text"] == "a"
+    assert partial["text"] == "a" and partial["tentative"] == "" and final["text"] == "a"
     assert [w["word"] for w in final["words"]] == ["a"] and final["words"][0]["start"] <= final["words"][0]["end"]
     assert start["audio_t"] >= 0 and turn_end["confidence"] > 0.5
     assert start["seq"] < final["seq"] < turn_end["seq"]

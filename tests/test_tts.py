@@ -8,8 +8,9 @@ import torch
 from engine import piper
 from engine.interface import Audio, WordMark
 from engine.text import normalize_text, phonemize, spoken_words
-from engine.tts import (CHUNK_FRAMES, CONTEXT_FRAMES, HOP, PRIOR_CHANNELS, SAMPLE_RATE, SHIPPED_WEIGHTS, Synthesizer,
-                        TtsConfig, TtsModel, load_model, synthesize_offline, synthesize_whole, to_int16)
+from engine.tts import (CHUNK_FRAMES, CONTEXT_FRAMES, FIRST_ENCODE_IDS, HOP, PRIOR_CHANNELS, SAMPLE_RATE,
+                        SHIPPED_WEIGHTS, Synthesizer, TtsConfig, TtsModel, load_model, synthesize_offline,
+                        synthesize_whole, to_int16)
 
 TEXT = "Sure, your order 4512 ships on Monday. The total is $12.50, anything else?"
 SEAM_LIMIT = 0.1  # chunked audio may differ from whole-utterance audio by this share of its RMS
@@ -151,3 +152,21 @@ def test_shipped_voice_speaks_with_clean_seams():
     chunks, _ = run(model, [w + " " for w in TEXT.split(" ")])
     whole = to_int16(synthesize_whole(model, phonemize(normalize_text(TEXT))[0].ids))
     assert max(seam_errors(chunks, whole)) < SEAM_LIMIT
+
+
+@shipped
+def test_the_first_chunk_waits_only_for_the_ids_it_needs():
+    """Time to first audio: a whole reply pushed at once is encoded a piece at a time, the
+    first piece only FIRST_ENCODE_IDS long; the audio is the same as encoding it whole."""
+    model = load_model()
+    synth = Synthesizer(model)
+    synth.push_text(TEXT)
+    synth.end()
+    queued = len(synth.schedule.unencoded)
+    first = synth.pull()
+    assert any(isinstance(event, Audio) for event in first)
+    assert len(synth.schedule.unencoded) == queued - FIRST_ENCODE_IDS  # the rest waits for the next chunk
+    audio = [first[-1].pcm] + [event.pcm for event in synth.events() if isinstance(event, Audio)]
+    assert synth.done and not synth.schedule.unencoded
+    whole = to_int16(synthesize_whole(model, phonemize(normalize_text(TEXT))[0].ids))
+    assert max(seam_errors(audio, whole)) < SEAM_LIMIT

@@ -19,7 +19,7 @@ from engine.wer import word_error_rate
 from engine.whisper import ChecksumMismatch, WhisperReader, drop_repeats, verify
 from engine.turn_cues import COMPLETE_QUIET_S, CONFIRMED_QUIET_S, INCOMPLETE_QUIET_S, reads_finished, table_words
 from engine.whisper_readers import InlineRecognizer
-from engine.whisper_stream import PARTIAL, PAUSE, TurnReader, common_prefix, spread_words, word_times
+from engine.whisper_stream import PARTIAL, PAUSE, TurnReader, common_prefix, spread_words, tentative_words, word_times
 from engine.turn import load_turns
 from engine.vad import WINDOW
 
@@ -148,6 +148,32 @@ def test_a_pause_reading_is_a_partial_at_once_and_partials_go_on_after_it():
     assert any(t > 2.0 and text == "I would like to order" for t, text in partials), partials
     assert not [e for _, e in out if isinstance(e, EndOfTurn)] or min(
         t for t, e in out if isinstance(e, EndOfTurn)) > 3.5  # the 0.5 s pause ended nothing
+
+
+def test_tentative_words_show_a_reading_at_once_and_settle_when_the_next_agrees():
+    readings = iter(["I would", "I would like", "I would love to", "You would love to order", "I would love to order"])
+
+    def partial(job):
+        return next(readings, "I would love to order")
+
+    out = drive([(0.1, 3.0)], {PAUSE: "I would love to order it", PARTIAL: partial}, 4.0)
+    shown = [(e.text, e.tentative) for _, e in out if isinstance(e, Partial)]
+    assert shown[:6] == [
+        ("", "I would"),  # the first reading, at once
+        ("I would", "like"),  # the second agrees on two words: they settle
+        ("I would", "love to"),  # a guess the next reading changed
+        ("I would", ""),  # a reading that disagrees with the settled words shows no guess
+        ("I would", "love to order"),  # (it agrees with nothing before it)
+        ("I would love to order", ""),  # settled by two readings that agree
+    ], shown
+    assert shown[-1] == ("I would love to order it", "")  # the pause reading settles all
+    for (before, _), (after, _) in zip(shown, shown[1:]):
+        assert after.startswith(before)  # settled words are never taken back
+
+
+def test_a_window_cut_word_is_not_shown():
+    assert tentative_words(["I"], ["I", "would", "dis-"]) == ["would"]
+    assert tentative_words(["you"], ["I", "would"]) == []
 
 
 def end_of_turn_after(text, ssm_end_at=None, advised=True):

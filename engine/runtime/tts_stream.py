@@ -6,8 +6,10 @@ of every tick.
          call of Piper's flow + decoder per chunk shape, on the render thread ─► WordMark, Audio
 
 A reply's first text wakes the loop for an early tick, so time to first audio does not wait
-for the next period. Renders run on RenderWorker's thread, so ticks (STT frames) never wait
-for one; admission also weighs the renderer's busy share (TtsStepper.overloaded).
+for the next period; that tick encodes only the ids its first chunk needs (FIRST_ENCODE_IDS),
+and the next tick the rest, while the chunk renders. Renders run on RenderWorker's thread, so
+ticks (STT frames) never wait for one; admission also weighs the renderer's busy share
+(TtsStepper.overloaded).
 """
 
 from __future__ import annotations
@@ -116,18 +118,17 @@ class RuntimeTtsStream(RuntimeStream[TtsEvent]):
         return bool(self._inbox)
 
     def take_ids(self) -> tuple[list[int], list[Optional[str]]]:
-        """Queued text through the front end until TTS_ENCODE_MIN_IDS ids (or the inbox) are out."""
-        ids: list[int] = []
-        labels: list[Optional[str]] = []
-        while self._inbox and len(ids) < TTS_ENCODE_MIN_IDS:
+        """Queued text through the front end until TTS_ENCODE_MIN_IDS ids (or the inbox) are
+        out -> the ids for the next encoder call (Schedule.encode_limit) and their labels."""
+        while self._inbox and len(self.schedule.unencoded) < TTS_ENCODE_MIN_IDS:
             item = self._inbox.popleft()
-            if item is not _END_TEXT:
-                with self._queue_lock:
-                    self._queued_chars -= len(item)
-            new_ids, new_labels = self.schedule.end() if item is _END_TEXT else self.schedule.push_text(item)
-            ids += new_ids
-            labels += new_labels
-        return ids, labels
+            if item is _END_TEXT:
+                self.schedule.end()
+                continue
+            with self._queue_lock:
+                self._queued_chars -= len(item)
+            self.schedule.push_text(item)
+        return self.schedule.take_unencoded(self.schedule.encode_limit())
 
     def lead(self, now: float) -> float:
         """Seconds of audio out beyond what a listener would have heard by `now`."""
@@ -295,9 +296,13 @@ class TtsStepper(SlotTable):
 
     def _encode_text(self, stream: RuntimeTtsStream) -> None:
         """Phonemize the stream's queued text and run its ids through the encoder, until it has
-        TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply)."""
+        TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply); a
+        reply not yet sounding only until its first chunk is ready: the rest is encoded in the
+        next tick, while that chunk renders on the other core."""
+        wanted = TTS_FIRST_FRAMES if stream.playout_origin is None and not stream.rendering else TTS_READY_FRAMES
         try:
-            while stream.has_text() and stream.schedule.frames_ready() < TTS_READY_FRAMES and not stream.closed:
+            while ((stream.has_text() or stream.schedule.unencoded) and stream.schedule.frames_ready() < wanted
+                   and not stream.closed):
                 ids, labels = stream.take_ids()
                 if ids:
                     slots = torch.tensor([stream.slot], device=self.device)
