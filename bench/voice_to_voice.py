@@ -141,6 +141,7 @@ FETCH = """
 # The browser's receive jitter buffer (NetEq): mean delay of the samples it played out.
 BROWSER_JITTER_DELAY = """
 async () => {
+  if (!window.parley.pc) return null;  // the call ended before the recording did
   const stats = await window.parley.pc.getStats();
   for (const report of stats.values()) {
     if (report.type === "inbound-rtp" && report.kind === "audio" && report.jitterBufferEmittedCount)
@@ -312,7 +313,11 @@ async def record_call(args: argparse.Namespace, wav: Path, seconds: float) -> tu
             rate = await page.evaluate("window.__v2v.rate")
             raw = np.frombuffer(base64.b64decode(await page.evaluate(FETCH)), dtype="<f4")
             events = await page.evaluate("window.__v2v.events")
-            delays = {"browser_jitter_buffer_ms_mean": await page.evaluate(BROWSER_JITTER_DELAY)}
+            delays = {"browser_jitter_buffer_ms_mean": await page.evaluate(BROWSER_JITTER_DELAY),
+                      "call_state_at_end": await page.evaluate("window.parley.state"),
+                      "call_end_events": await page.evaluate(
+                          "window.parley.events.filter(e => ['session.ended', 'error', 'session.migrate']"
+                          ".includes(e.type))")}
             async with aiohttp.ClientSession() as http:
                 delays.update(gateway_delays(await scrape(http, url)))
                 async with http.get(f"{url}/debug/timing?seconds=60") as response:

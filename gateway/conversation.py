@@ -146,6 +146,7 @@ class Conversation:
         self._forcing_turn_end = False
         self.speculate_after_s = speculate_after_s
         self._partial: tuple[str, float] = ("", 0.0)  # the latest partial text and when it changed
+        self._tentative = ""  # the latest partial's tentative words (engine.interface.Partial)
         self._speculation: Optional[Speculation] = None
         self.keys = KeyTurns(self._on_key_turn)
         # A call that can transfer the caller (SIP: REFER) sets this; True when the caller was handed over.
@@ -267,6 +268,10 @@ class Conversation:
             self._on_speech_start()
         elif isinstance(event, Partial):
             self.events.emit("transcript.partial", text=event.text, tentative=event.tentative)
+            tentative_only = event.text == self._partial[0] and event.tentative != self._tentative
+            self._tentative = event.tentative
+            if tentative_only:
+                return  # only the tentative words changed: the caller sees them, nothing acts on them
             if self._speaking() and self.barge_in.caller_spoke(event.text):
                 self._barge_in()
             elif event.text.strip():

@@ -165,6 +165,7 @@ class JitterBuffer:
         self._recent_lost: Deque[int] = deque(maxlen=RECENT_LOST_MEMORY)
         self._pcm_fifo = np.zeros(0, dtype=np.int16)  # carries packets longer than 20 ms
         self._concealed_run = 0
+        self._expanded_frames = 0  # frames concealed in an underrun since the last packet played
         self._last_frame_silent = True
         self._dropped_this_pull = False
 
@@ -266,6 +267,7 @@ class JitterBuffer:
             self._dropped_this_pull = True
             return None
         self.stats.packets_played += 1
+        self._expanded_frames = 0
         self.stats.total_wait_ms += max(0.0, now - packet.arrival) * 1000.0
         self._pcm_fifo = np.concatenate([self._pcm_fifo, pcm])
         self._concealed_run = 0
@@ -279,18 +281,27 @@ class JitterBuffer:
             return False
         return over_target_ms > FORCED_CATCH_UP_MS or _is_silent(pcm)
 
-    def _missing_frame(self, now: float) -> PlayoutFrame:
-        """The due packet is not here: lost (later ones are) or the buffer ran dry."""
+    def _missing_frame(self, now: float) -> Optional[PlayoutFrame]:
+        """The due packet is not here: lost (later ones are) or the buffer ran dry. None: the
+        lost packets an underrun already played concealment for were skipped (decode on)."""
         assert self._next_seq is not None
         later_present = self._highest_seq is not None and self._highest_seq > self._next_seq
         if not later_present:
             # Underrun: expand without advancing, so the packet plays if it is only late.
+            self._expanded_frames += 1
             return self._conceal()
-        self.stats.packets_lost += 1
-        self._recent_lost.append(self._next_seq)
-        following = self._packets.get(self._next_seq + 1)
-        self._next_seq += 1
-        self._playout_timestamp = (self._playout_timestamp or 0) + self.rtp_ticks_per_frame
+        if self._expanded_frames:
+            # Lost, not late: the frames concealed while waiting stood in for these packets.
+            # Skip them instead of concealing their time again, which would leave the playout
+            # point behind by the whole gap (a 200 ms burst: 200 ms more delay, caught up
+            # only by dropping speech).
+            while self._expanded_frames and self._next_seq not in self._packets:
+                self._expanded_frames -= 1
+                self._lose_next()
+            if self._next_seq in self._packets:
+                return None
+        self._lose_next()
+        following = self._packets.get(self._next_seq)
         if following is not None and self._concealed_run < PLC_FRAMES:
             try:
                 pcm = _fit(self.decoder.decode_fec(following.payload))
@@ -299,6 +310,14 @@ class JitterBuffer:
             self.stats.fec_decodes += 1
             return self._concealed_frame(pcm, "fec")
         return self._conceal()
+
+    def _lose_next(self) -> None:
+        """Count the due packet lost and move the playout point past it."""
+        assert self._next_seq is not None
+        self.stats.packets_lost += 1
+        self._recent_lost.append(self._next_seq)
+        self._next_seq += 1
+        self._playout_timestamp = (self._playout_timestamp or 0) + self.rtp_ticks_per_frame
 
     def _conceal(self) -> PlayoutFrame:
         if self._concealed_run < PLC_FRAMES:
@@ -352,6 +371,7 @@ class JitterBuffer:
         self._next_seq = self._highest_seq = self._last_timestamp = self._playout_timestamp = None
         self._min_transit = _SlidingMinimum(MIN_TRANSIT_WINDOW_S)
         self._pcm_fifo = np.zeros(0, dtype=np.int16)
+        self._expanded_frames = 0
 
     # -- delay estimation -----------------------------------------------------------
 

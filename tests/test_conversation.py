@@ -373,6 +373,16 @@ async def test_a_client_cut_rewinds_a_reply_that_plays_on(harness):
     assert h.tts_streams[0].spoken == ("You said: " + LONG).split(), "synthesized once"
 
 
+async def test_tentative_words_are_shown_but_only_settled_words_barge_in(harness):
+    h = await long_reply_playing(harness, 4)
+    h.conversation.on_stt_event(Partial("", "wait"))  # heard once: the next reading may not agree
+    partial = [e for e in h.sent if e["type"] == "transcript.partial"][-1]
+    assert (partial["text"], partial["tentative"]) == ("", "wait")
+    assert not h.pacer.held and h.conversation.state == "speaking", "a tentative word acts on nothing"
+    h.conversation.on_stt_event(Partial("wait", ""))
+    assert (await h.wait_for("response.interrupted"))["heard_text"], "a settled word interrupts"
+
+
 async def test_a_client_cut_leaves_the_unheard_words_out_of_the_history(harness):
     h = harness(EchoResponder())
     h.say(LONG)

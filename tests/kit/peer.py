@@ -117,13 +117,17 @@ class Caller:
     """One aiortc peer that calls the gateway over POST /v1/calls.
 
     light=True (benchmarks): send pre-encoded Opus and only count what comes back, so many
-    callers fit on one machine next to the gateway they measure.
+    callers fit on one machine next to the gateway they measure. offer_filter and
+    answer_filter rewrite the SDP offer before it is sent and the gateway's answer before it is
+    applied (tests/kit/impair.py puts its relay in the path).
     """
 
     def __init__(self, base_url: str, samples: Optional[np.ndarray] = None, light: bool = False,
-                 packets: Optional[list[bytes]] = None) -> None:
+                 packets: Optional[list[bytes]] = None, offer_filter: Optional[Callable[[str], str]] = None,
+                 answer_filter: Optional[Callable[[str], str]] = None) -> None:
         self.base_url = base_url
         self.light = light
+        self.offer_filter, self.answer_filter = offer_filter, answer_filter
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.counter: Optional[PacketCounter] = None
         if light:
@@ -148,7 +152,8 @@ class Caller:
         self.pc.addTrack(self.track)
         self.pc.on("track", self._on_track)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        body = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        offer = self.pc.localDescription.sdp
+        body = {"sdp": self.offer_filter(offer) if self.offer_filter is not None else offer, "type": "offer"}
         if resume_token:
             body["resume_token"] = resume_token
         if last_seq is not None:
@@ -158,7 +163,10 @@ class Caller:
             if response.status != 201:
                 raise RuntimeError(f"call refused: {response.status} {self.response}")
             self.response["location"] = response.headers["Location"]
-        await self.pc.setRemoteDescription(RTCSessionDescription(self.response["sdp"], "answer"))
+        answer = self.response["sdp"]
+        if self.answer_filter is not None:
+            answer = self.answer_filter(answer)
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
         if self.light:
             self.counter = PacketCounter()
             for transceiver in self.pc.getTransceivers():
