@@ -1,5 +1,6 @@
 """API keys, call tokens, origin checks, CORS and rate limits against a live gateway."""
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -306,7 +307,7 @@ async def test_a_flow_bound_token_runs_its_flow_and_one_without_runs_the_default
     when it resumes; a call with a token that names no flow hears the default flow."""
     from tests.kit.peer import Caller
     from tests.test_conversation_call import conversation_engine, silence, utterance
-    from tests.test_resume import DEADLINE_S
+    from tests.test_resume import DEADLINE_S, wait_until
 
     gateway = await start_gateway(mode="conversation", responder="scripted", speech_engine=conversation_engine(),
                                   api_keys=[API_KEY], allowed_origins=[SHOP], flows=[f"orders={orders_flow}"],
@@ -332,6 +333,10 @@ async def test_a_flow_bound_token_runs_its_flow_and_one_without_runs_the_default
         assert deltas(caller, answer["turn"]) in ORDERS_REPLIES, caller.events
         resume_token = caller.response["resume_token"]
         await caller.close()  # dropped, not hung up: the session waits for a resume
+        # (its engine streams go with the call; on a loaded machine a resume that came sooner
+        # would get 503 engine_busy and its Retry-After, as a client is told)
+        await asyncio.wait_for(call.closed.wait(), DEADLINE_S)
+        await wait_until(lambda: gateway.registry.engine.admission()[0], "the engine admitting again")
 
         resumed = Caller(gateway.url)
         await resumed.call(http, resume_token=resume_token)  # (the resume token admits it)
