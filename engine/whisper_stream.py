@@ -19,8 +19,8 @@ callers at 0.96 WER. Whisper tiny.en reads them at 0.07, but only whole windows,
   or replaced by the next reading). When the VAD hears the speech stop, the turn is read at
   once (a pause reading): no word of it is cut off, so its words are committed at once too
   (the last words of a sentence need not wait for two more re-reads or the Final), and the
-  re-reads after it read from that pause on. Partial re-reads never wait behind a pause reading: they stop
-  only because no new speech came;
+  re-reads after it read from that pause on. Partial re-reads never wait behind a pause
+  reading: they stop only because no new speech came;
 - the end of turn is decided at each pause from three cues: how long the VAD has heard no
   speech, what the pause reading's words say (the turn-completion table, engine/turn.py,
   and Whisper's punctuation) and whether the SSM's end-of-turn head, weighing those words,

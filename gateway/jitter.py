@@ -165,7 +165,7 @@ class JitterBuffer:
         self._recent_lost: Deque[int] = deque(maxlen=RECENT_LOST_MEMORY)
         self._pcm_fifo = np.zeros(0, dtype=np.int16)  # carries packets longer than 20 ms
         self._concealed_run = 0
-        self._expanded_frames = 0  # frames concealed in an underrun since the last packet played
+        self._expanded_frames = 0  # frames concealed in an underrun since a packet last left the buffer
         self._last_frame_silent = True
         self._dropped_this_pull = False
 
@@ -267,7 +267,6 @@ class JitterBuffer:
             self._dropped_this_pull = True
             return None
         self.stats.packets_played += 1
-        self._expanded_frames = 0
         self.stats.total_wait_ms += max(0.0, now - packet.arrival) * 1000.0
         self._pcm_fifo = np.concatenate([self._pcm_fifo, pcm])
         self._concealed_run = 0
@@ -355,6 +354,7 @@ class JitterBuffer:
             return None
 
     def _advance(self, packet: _Packet) -> None:
+        self._expanded_frames = 0  # the underrun, if any, is over
         del self._packets[packet.seq]
         self._next_seq = packet.seq + 1
         self._playout_timestamp = packet.timestamp + self.rtp_ticks_per_frame

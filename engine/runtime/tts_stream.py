@@ -299,7 +299,7 @@ class TtsStepper(SlotTable):
         TTS_READY_FRAMES ready (batch of one: a phrase at a time, a few times per reply); a
         reply not yet sounding only until its first chunk is ready: the rest is encoded in the
         next tick, while that chunk renders on the other core."""
-        wanted = TTS_FIRST_FRAMES if stream.playout_origin is None and not stream.rendering else TTS_READY_FRAMES
+        wanted = TTS_FIRST_FRAMES if stream.schedule.rendered == 0 else TTS_READY_FRAMES
         try:
             while ((stream.has_text() or stream.schedule.unencoded) and stream.schedule.frames_ready() < wanted
                    and not stream.closed):

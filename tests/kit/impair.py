@@ -63,22 +63,18 @@ class _Side(asyncio.DatagramProtocol):
 
 
 class ImpairedRelay:
-    """A UDP relay with a LinkModel each way; `profile` may change while a call runs."""
+    """A UDP relay with a LinkModel each way, each drawing from its own generator (its losses
+    follow its own datagrams only)."""
 
     def __init__(self, profile: str = "clean", seed: int = 0) -> None:
-        self.seed = seed
-        self.set_profile(profile)
+        self.to_gateway = LinkModel(profile, random.Random(f"{seed}-to-gateway"))
+        self.to_caller = LinkModel(profile, random.Random(f"{seed}-to-caller"))
         self.target: Optional[tuple[str, int]] = None  # the gateway's candidate
         self.caller_side = _Side(self._from_caller)
         self.black_hole = _Side(lambda data, addr: None)
         self.flows: dict[tuple, _Side] = {}  # a caller's socket -> its upstream socket
         self.waiting: dict[tuple, list[bytes]] = {}  # datagrams of a flow whose socket is being made
         self.counts = {"to_gateway": 0, "to_caller": 0, "dropped": 0}
-
-    def set_profile(self, profile: str) -> None:
-        """Each direction draws from its own generator: its losses follow its own datagrams only."""
-        self.to_gateway = LinkModel(profile, random.Random(f"{self.seed}-to-gateway"))
-        self.to_caller = LinkModel(profile, random.Random(f"{self.seed}-to-caller"))
 
     async def start(self, host: str = "127.0.0.1") -> "ImpairedRelay":
         self.host = host
