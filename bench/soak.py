@@ -36,7 +36,9 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    the last minute of it), reported apart: no call is up
                                    then; startup_loop_stalls_over_50ms counts them
 
-Output: one JSON object on stdout (`--json`; a summary line per sample on stderr).
+Output: one JSON object on stdout (`--json`; a summary line per sample on stderr). A failed
+call names the step it waited for and its connection's state; `kill -USR1` the soak to print
+where each of its tasks waits; `--server-log FILE` keeps the node's log.
 Usage: python bench/soak.py --minutes 30 --calls 8 --json
 """
 
@@ -45,8 +47,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -57,6 +61,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine import DEFAULT_STT_MODEL, STT_MODELS  # noqa: E402
 from gateway.ice import use_host_addresses  # noqa: E402
 from tests.kit.metrics import scrape  # noqa: E402
 from tests.kit.peer import Caller, encode_opus  # noqa: E402
@@ -84,6 +89,7 @@ class Tally:
 
 async def one_call(http: aiohttp.ClientSession, url: str, packets: list[bytes], tally: Tally) -> None:
     caller = Caller(url, light=True, packets=packets)
+    step = "call"
     try:
         try:
             await caller.call(http)
@@ -94,14 +100,18 @@ async def one_call(http: aiohttp.ClientSession, url: str, packets: list[bytes], 
                 return
             raise
         tally.calls += 1
+        step = "turn.end"
         end = await caller.wait_for_event("turn.end", STEP_TIMEOUT_S)
+        step = "response.audio.start"
         start = await caller.wait_for_event("response.audio.start", STEP_TIMEOUT_S,
                                             where=lambda e: e["seq"] > end["seq"])
+        step = "response.audio.end"
         await caller.wait_for_event("response.audio.end", STEP_TIMEOUT_S,
                                     where=lambda e: e.get("turn") == start["turn"])
         tally.turns += 1
     except Exception as exc:  # a failed call is a figure, not a crash
-        tally.failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+        tally.failures.append(f"{time.strftime('%H:%M:%S')} waiting for {step} "
+                              f"(connection {caller.pc.connectionState}): {type(exc).__name__}: {str(exc)[:160]}")
     finally:
         await caller.hang_up(http)
 
@@ -110,6 +120,20 @@ async def caller_loop(http: aiohttp.ClientSession, url: str, packets: list[bytes
                       tally: Tally) -> None:
     while time.monotonic() < deadline:
         await one_call(http, url, packets, tally)
+
+
+def dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        awaited = task.get_coro()
+        while awaited is not None:  # down the chain of awaits to where it waits
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=sys.stderr)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+            if awaited is not None and not hasattr(awaited, "cr_frame") and not hasattr(awaited, "gi_frame"):
+                print(f"  awaits {awaited!r:.200}", file=sys.stderr)
+                break
 
 
 def load_1m() -> float:
@@ -159,10 +183,12 @@ def stalls_over(metrics: dict[str, float], threshold_ms: float) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     use_host_addresses(["127.0.0.1"])
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)  # kill -USR1: where is it waiting?
     clips = [utterance(name) for name in UTTERANCES]
     proc, url = await start_server("--mode", "conversation", "--responder", "echo", "--stt-model", args.stt_model,
                                    "--engine-threads", "1", "--idle-prompt-s", "60",
-                                   env={"PARLEY_LOG_LEVEL": "error"})
+                                   env={"PARLEY_LOG_LEVEL": args.server_log_level},
+                                   log_path=args.server_log)
     tally = Tally()
     samples: list[dict[str, Any]] = []
     try:
@@ -226,9 +252,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--calls", type=int, default=8, help="concurrent conversation-mode callers")
     parser.add_argument("--sample-s", type=float, default=15.0)
-    parser.add_argument("--stt-model", default="ssm", help="the node's recognizer (ssm: lightest on a CPU)")
+    parser.add_argument("--stt-model", default=DEFAULT_STT_MODEL, choices=STT_MODELS,
+                        help=f"the node's recognizer (default {DEFAULT_STT_MODEL}, as the node serves)")
+    parser.add_argument("--server-log", help="write the node's log (stderr) to this file")
+    parser.add_argument("--server-log-level", default="error", help="the node's PARLEY_LOG_LEVEL")
+    parser.add_argument("--client-log-level", default="warning", help="the callers' log level (aiortc, aioice), on stderr")
     parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.client_log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     result = asyncio.run(run(args))
     print(json.dumps(result, indent=2))
     ok = (result["failed_calls"] == 0 and result["task_leak"] <= 0 and result["loop_stall_ms_max"] <= STALL_MS

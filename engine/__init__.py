@@ -21,6 +21,7 @@ from .interface import (
     TtsStream,
     WordMark,
 )
+from .blas import single_threaded_blas
 from .models import DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, TURN_CUES
 
 # The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
@@ -31,7 +32,7 @@ __all__ = [
     "SpeechLikely", "SpeechStart", "StreamFailed", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
     "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", "DEFAULT_TURN_CUES", "TURN_CUES",
     *_RUNTIME_EXPORTS, "say",
-    "load_ssm_model", "ssm_recognizer", "use_threads",
+    "load_ssm_model", "ssm_recognizer", "use_threads", "single_threaded_blas",
 ]
 
 

@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 from aiohttp import web
 
+from engine import single_threaded_blas
+
 from . import config as config_module
 from . import logs
 from . import replay as replay_module
@@ -62,6 +64,7 @@ def say(text: str, out: str) -> int:
 
 async def serve(config: config_module.Config) -> None:
     use_host_addresses(config.ice_addresses)
+    single_threaded_blas()  # numpy's idle BLAS threads spin: on a small node they ate a core's share
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.wavfile import read_wav
-from gateway.echo_suppressor import CROSSFADE, FRAME, EchoSuppressor
+from gateway.echo_suppressor import CROSSFADE, FRAME, EchoSuppressor, percentile_by_column
 
 SPEECH = Path(__file__).parent / "data" / "speech"
 ECHO_GAIN = 0.5  # -6 dB
@@ -93,3 +93,15 @@ def test_a_silent_parley_passes_the_caller_through_with_4_ms_latency():
     out, _ = run(np.zeros(len(caller)), caller.astype(np.float32))
     assert CROSSFADE * 1000 // 16000 == 4
     np.testing.assert_allclose(out[FRAME:], caller[:len(out)][FRAME:], atol=1)
+
+
+def test_percentiles_by_column_match_numpys_nanpercentile():
+    rng = np.random.default_rng(1)
+    values = rng.lognormal(size=(100, 28))
+    values[rng.random(values.shape) < 0.3] = np.nan
+    values[:, 5] = np.nan  # a band never seen
+    values[:99, 7] = np.nan  # one value
+    for q in (20, 50, 75):
+        with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):  # (numpy warns of the all-NaN column)
+            expected = np.nanpercentile(values, q, axis=0)
+        np.testing.assert_allclose(percentile_by_column(values, q), expected, rtol=1e-12, equal_nan=True)

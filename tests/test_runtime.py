@@ -8,6 +8,7 @@ cannot change an outcome.
 import asyncio
 import copy
 import math
+import threading
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from engine import weights
 from engine.runtime import stt_stream
+from engine.priority import ENGINE_NICE, native_threads, thread_nice
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
@@ -280,6 +282,26 @@ def test_admission_refuses_when_ticks_run_late():
     assert stats.tick_histogram[-1] == (float("inf"), 10)
 
 
+def test_admission_forgets_slow_ticks_once_the_last_stream_has_gone():
+    # A busy spell that ended with its last call must not refuse the calls after it: while no
+    # stream is open no tick comes to replace its slow ones (a node once stayed "full" so)
+    runtime = Runtime(small_model(), max_streams=2, device="cpu", tick_s=1e-4)
+    stream = runtime.open_stt("busy")
+    stream.push(speechy(2.0, seed=3))
+    for _ in range(10):
+        runtime.tick()
+    assert runtime.admission()[0] is False
+    stream.close()
+    runtime.start()
+    try:
+        deadline = time.monotonic() + EVENT_DEADLINE_S
+        while not runtime.admission()[0]:
+            assert time.monotonic() < deadline, "the idle runtime still refuses streams"
+            time.sleep(0.01)
+    finally:
+        runtime.close()
+
+
 def test_admission_refuses_when_every_slot_is_taken():
     runtime = Runtime(small_model(), max_streams=1, device="cpu")
     stream = runtime.open_stt("only")
@@ -319,6 +341,20 @@ async def test_engine_thread_delivers_events_and_stops_cleanly():
     assert engine.runtime.stt.free_slots() == 4
     with pytest.raises(RuntimeError, match="without text-to-speech"):
         engine.open_tts("caller", "default")
+
+
+def test_the_engines_threads_give_way_to_the_event_loop():
+    caller = thread_nice(threading.get_native_id())
+    before = native_threads()
+    engine = SpeechEngine(small_model(), device="cpu", max_streams=2, num_threads=1, with_tts=True)
+    engine.start()
+    try:
+        started = native_threads() - before
+        assert started, "the engine started no thread"
+        assert all(thread_nice(tid) == min(19, caller + ENGINE_NICE) for tid in started)
+        assert thread_nice(threading.get_native_id()) == caller  # (the event loop's, in the gateway)
+    finally:
+        engine.close()
 
 
 def test_a_completed_frame_wakes_a_lightly_loaded_loop_and_waits_under_load():

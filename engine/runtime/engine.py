@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 from ..interface import EngineStats
 from ..models import (DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, SSM, WHISPER, check_stt_model,
                       check_turn_cues, check_voice)
+from ..priority import lower_priority_of_new_threads
 from ..stt import SttModel, load_model
 from ..tts import TtsModel
 from ..vad import SileroVad
@@ -41,6 +42,13 @@ class SpeechEngine:
         confirm a turn's end at a pause (engine.turn_cues.TURN_CUES). with_tts (or a
         tts_model) adds speech synthesis: the shipped TTS weights unless a path or model is
         given (FileNotFoundError when there are none)."""
+        with lower_priority_of_new_threads():  # every thread the engine starts (engine/priority.py)
+            self._build(stt_model, weights_path, tts_model, tts_weights_path, with_tts, readers, turn_cues,
+                        runtime_options)
+
+    def _build(self, stt_model: Union[SttModel, str, None], weights_path: Optional[Path],
+               tts_model: Optional[TtsModel], tts_weights_path: Optional[Path], with_tts: bool, readers: int,
+               turn_cues: str, runtime_options: dict[str, Any]) -> None:
         name = check_stt_model(stt_model if isinstance(stt_model, str) else DEFAULT_STT_MODEL if stt_model is None
                                else SSM)
         model = stt_model if isinstance(stt_model, SttModel) else load_model(weights_path)
@@ -58,8 +66,9 @@ class SpeechEngine:
 
     def start(self) -> None:
         """Warm up on the device and start the tick loop (blocks for the warm-up)."""
-        self.runtime.warm_up()
-        self.runtime.start()
+        with lower_priority_of_new_threads():  # the tick loop, the renderers, the libraries' threads
+            self.runtime.warm_up()
+            self.runtime.start()
         self._ready = True
 
     @property

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..blas import single_threaded_blas
 from ..interface import EngineStats
 from ..models import DEFAULT_TURN_CUES
 from ..stt import FRAME_S, SHIPPED, LmChoice, SttModel, TurnsChoice, load_model
@@ -96,6 +97,7 @@ class TickMetrics:
             self.seconds_sum = 0.0
             self.buckets = [0] * (len(TICK_BUCKETS_S) + 1)
             self.durations: collections.deque = collections.deque(maxlen=STATS_WINDOW)
+            self.admission_window: collections.deque = collections.deque(maxlen=ADMISSION_WINDOW)
             self.lags: collections.deque = collections.deque(maxlen=LAG_WINDOW)
             self.ttfas: collections.deque = collections.deque(maxlen=LAG_WINDOW)
             self.late_audio_chunks = 0
@@ -108,6 +110,7 @@ class TickMetrics:
             self.seconds_sum += duration
             self.buckets[int(np.searchsorted(TICK_BUCKETS_S, duration))] += 1
             self.durations.append(duration)
+            self.admission_window.append(duration)
             self.frames += sum(batches)
             self.steps += len(batches)
             self.last_batch = max(batches, default=0)
@@ -117,9 +120,17 @@ class TickMetrics:
                 self.ttfas.extend(report.ttfas)
                 self.late_audio_chunks += report.late_audio_chunks
 
-    def recent(self, count: int) -> list[float]:
+    def recent(self) -> list[float]:
+        """The last ADMISSION_WINDOW tick times since the loop last went idle."""
         with self._lock:
-            return list(self.durations)[-count:]
+            return list(self.admission_window)
+
+    def went_idle(self) -> None:
+        """Nothing to step: the ticks before say nothing about the next stream's. (Kept, the
+        slow ticks of a busy spell that ended with its last call would refuse every call after
+        it, for no tick comes to replace them while no stream is open.)"""
+        with self._lock:
+            self.admission_window.clear()
 
     def snapshot(self) -> tuple[list[float], list[float], dict[str, Any]]:
         with self._lock:
@@ -160,6 +171,7 @@ class Runtime:
         itself is the reading worker's)."""
         if num_threads:
             torch.set_num_threads(num_threads)
+        single_threaded_blas()  # numpy's products here are small; its spare threads would only spin
         self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.tick_s, self.admit_load = tick_s, admit_load
@@ -268,6 +280,7 @@ class Runtime:
         while not self._stop.is_set():
             if not any(stepper.busy() for stepper in self.steppers):
                 self.behind_s = 0.0
+                self.metrics.went_idle()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 deadline = time.perf_counter()
@@ -290,14 +303,15 @@ class Runtime:
         """(admit a new stream now?, seconds before asking again).
 
         No when a model has no free slot (a call needs one in each), when the p95 of the last
-        ADMISSION_WINDOW tick times is over admit_load x the budget, when the TTS renderer was
+        ADMISSION_WINDOW tick times (since the loop last had nothing to step) is over
+        admit_load x the budget, when the TTS renderer was
         busy more than admit_load of its recent time, or when the loop has fallen more than a
         tick behind its schedule.
         """
         retry_after_s = ADMISSION_WINDOW * self.tick_s  # the window has turned over by then
         if any(stepper.free_slots() == 0 for stepper in self.steppers):
             return False, retry_after_s
-        recent = self.metrics.recent(ADMISSION_WINDOW)
+        recent = self.metrics.recent()
         if len(recent) >= ADMISSION_MIN_TICKS and np.percentile(recent, 95) > self.admit_load * self.tick_s:
             return False, retry_after_s
         if self.tts is not None and self.tts.overloaded(time.perf_counter(), self.admit_load):

@@ -13,13 +13,15 @@ DEADLINE_S = 60.0  # generous: the machine may be busy
 BASE_ENV = {**os.environ, "PARLEY_ICE_ADDRESSES": "127.0.0.1", "PARLEY_LOG_LEVEL": "warning"}
 
 
-async def start_server(*flags: str, env: dict[str, str] | None = None,
-                       prefix: tuple[str, ...] = ()) -> tuple[asyncio.subprocess.Process, str]:
+async def start_server(*flags: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
+                       log_path: str | None = None) -> tuple[asyncio.subprocess.Process, str]:
     """Start a node on a free port; returns it with its URL once it listens. `prefix` runs it
-    under another command (`ip netns exec <namespace>`: tests/kit/netem.py)."""
-    proc = await asyncio.create_subprocess_exec(
-        *prefix, sys.executable, "-m", "gateway", "serve", "--port", "0", *flags,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env={**BASE_ENV, **(env or {})})
+    under another command (`ip netns exec <namespace>`: tests/kit/netem.py); its log (stderr)
+    goes to `log_path` if given."""
+    with open(log_path or os.devnull, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *prefix, sys.executable, "-m", "gateway", "serve", "--port", "0", *flags,
+            stdout=asyncio.subprocess.PIPE, stderr=log, env={**BASE_ENV, **(env or {})})
     while True:
         line = (await asyncio.wait_for(proc.stdout.readline(), DEADLINE_S)).decode()
         assert line, "the server exited before listening"
