@@ -180,12 +180,21 @@ class PacedAudioTrack(MediaStreamTrack):
         self._marks: list[tuple[int, int, asyncio.Future[bool]]] = []  # heap: (sample, order, its future)
         self._mark_order = itertools.count()  # (ties in the heap never compare futures)
 
+    def stop(self) -> None:
+        super().stop()
+        # Each resampler holds two libav threads (its filter graph's): they go with the call,
+        # not whenever the garbage collector gets round to the call's reference cycles (a
+        # node with 8 calls redialling had 160 such threads and their memory after 12 minutes)
+        self._piece_makers.clear()
+
     # -- producer side ------------------------------------------------------------------
 
     def write(self, pcm: np.ndarray, sample_rate: int) -> None:
         """Queue int16 mono audio at any rate; it plays after what is already queued."""
         if pcm.dtype != np.int16:
             raise TypeError("pacer takes int16 PCM")
+        if self.readyState == "ended":
+            return  # the call is over: nothing would send it
         make_piece = self._piece_makers.get(sample_rate)
         if make_piece is None:
             make_piece = self._piece_makers[sample_rate] = _PieceMaker(sample_rate)
