@@ -16,7 +16,11 @@ live asyncio tasks (parley_event_loop_tasks) from /metrics, the longest event-lo
 since the last sample from GET /debug/timing, and the machine's 1-minute load average.
 
     rss_growth_pct, fd_growth_pct  median of the first three samples after the first
-                                   minute against the median of the last three
+                                   minute against the median of the last three. The node
+                                   keeps a hung-up caller's session (its history, for
+                                   resuming) --session-ttl-s, 120 s here against 3600 s
+                                   served: kept sessions are what it was told to keep,
+                                   not growth
     task_leak                      tasks with no call up after the run, minus before it.
                                    Both counts are taken with no idle HTTP connection of
                                    the soak's own open (the callers' client session is
@@ -187,6 +191,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     clips = [utterance(name) for name in UTTERANCES]
     proc, url = await start_server("--mode", "conversation", "--responder", "echo", "--stt-model", args.stt_model,
                                    "--engine-threads", "1", "--idle-prompt-s", "60",
+                                   "--resume-token-ttl-s", str(args.session_ttl_s),
                                    env={"PARLEY_LOG_LEVEL": args.server_log_level},
                                    log_path=args.server_log)
     tally = Tally()
@@ -242,7 +247,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "tasks_idle_before": tasks_before, "tasks_idle_after": tasks_after,
         "task_leak": tasks_after - tasks_before, "fds_idle_after": fds_after,
         "samples": samples,
-        "settings": {"stt_model": args.stt_model, "responder": "echo", "sample_s": args.sample_s},
+        "settings": {"stt_model": args.stt_model, "responder": "echo", "sample_s": args.sample_s,
+                     "session_ttl_s": args.session_ttl_s},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
 
@@ -254,6 +260,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sample-s", type=float, default=15.0)
     parser.add_argument("--stt-model", default=DEFAULT_STT_MODEL, choices=STT_MODELS,
                         help=f"the node's recognizer (default {DEFAULT_STT_MODEL}, as the node serves)")
+    parser.add_argument("--session-ttl-s", type=int, default=120,
+                        help="how long the node keeps a hung-up caller's session for resuming (its "
+                             "resume_token_ttl_s; served default 3600): what a node is told to keep is not "
+                             "growth, so the soak keeps it short")
     parser.add_argument("--server-log", help="write the node's log (stderr) to this file")
     parser.add_argument("--server-log-level", default="error", help="the node's PARLEY_LOG_LEVEL")
     parser.add_argument("--client-log-level", default="warning", help="the callers' log level (aiortc, aioice), on stderr")

@@ -48,7 +48,7 @@ class Config:
     stun_urls: list[str] = field(default_factory=list)  # e.g. stun:stun.example.org:3478
     media_ports: str = ""  # UDP port range for media, e.g. 40000-40999 (open it in the firewall); empty = any
     secret: str = ""  # HMAC key for resume tokens; random per process when unset
-    resume_token_ttl_s: int = 3600
+    resume_token_ttl_s: int = 3600  # also how long a session nobody touches is kept (its history, for resuming)
     retry_after_s: int = 2  # Retry-After on 429/503
     drain_timeout_s: float = 30.0  # after SIGTERM, live calls may continue this long before session.migrate
     privacy_log_content: bool = False  # allow transcript text in logs (conversation turns); off: word counts only. Audio is never logged

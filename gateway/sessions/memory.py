@@ -1,7 +1,9 @@
 """The in-process session store: the embedded default (one node, lost on restart).
 
 It keeps the same semantics as the Redis store (gateway/sessions/redis.py), expiry checked on
-access, so tests/test_sessions.py runs one suite against both.
+access, so tests/test_sessions.py runs one suite against both. What has expired is also swept
+away once a minute (as a new session is made), as Redis drops expired keys by itself: checked
+on access alone, a session nobody asked for again stayed in memory for good.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any, AsyncIterator, Deque, Optional
 from .record import (DEFAULT_SESSION_TTL_S, MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, SessionExists,
                      SessionNotFound, SessionRecord, TakeoverRequested, VersionConflict, decode_record,
                      encode_record, event_seq, new_record)
+
+
+SWEEP_EVERY_S = 60.0  # how often create() sweeps expired sessions away
 
 
 @dataclass
@@ -33,6 +38,7 @@ class MemorySessionStore:
 
     def __init__(self, session_ttl_s: float = DEFAULT_SESSION_TTL_S) -> None:
         self.session_ttl_s = session_ttl_s
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._entries: dict[str, _MemoryEntry] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # id -> (node, expiry in Unix s)
         self._takeovers: dict[str, tuple[str, float]] = {}  # id -> (asking node, expiry in Unix s)
@@ -57,7 +63,19 @@ class MemorySessionStore:
     def _touch(self, entry: _MemoryEntry) -> None:
         entry.expires_at = time.monotonic() + self.session_ttl_s
 
+    def _sweep(self) -> None:
+        """Forget every session, lease and takeover request that has expired."""
+        now, wall = time.monotonic(), time.time()
+        self._next_sweep = now + SWEEP_EVERY_S
+        for session_id in [k for k, entry in self._entries.items() if entry.expires_at <= now]:
+            del self._entries[session_id]
+        for held in (self._leases, self._takeovers):
+            for session_id in [k for k, (_, expiry) in held.items() if expiry <= wall]:
+                del held[session_id]
+
     async def create(self, session_id: str, settings: Optional[dict[str, Any]] = None) -> SessionRecord:
+        if time.monotonic() >= self._next_sweep:
+            self._sweep()
         try:
             self._entry(session_id)
         except SessionNotFound:
