@@ -12,9 +12,11 @@ of its own.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import logging
 import os
+from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
@@ -26,32 +28,32 @@ _GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads
             "openblas_get_num_threads")
 
 
-def _numpy_openblas() -> list[ctypes.CDLL]:
+@functools.cache
+def _numpy_openblas(names: tuple[str, ...]) -> Optional[Callable[..., int]]:
+    """The first of these functions in numpy's bundled OpenBLAS, or None."""
     import numpy
 
     folder = os.path.dirname(os.path.dirname(numpy.__file__))
-    paths = sorted(glob.glob(os.path.join(folder, "numpy.libs", "lib*openblas*.so*")))
-    return [ctypes.CDLL(path) for path in paths]  # (already loaded by numpy: the same library)
+    for path in sorted(glob.glob(os.path.join(folder, "numpy.libs", "lib*openblas*.so*"))):
+        lib = ctypes.CDLL(path)  # (already loaded by numpy: the same library)
+        for name in names:
+            if hasattr(lib, name):
+                return getattr(lib, name)
+    return None
 
 
 def blas_threads() -> int | None:
     """numpy's OpenBLAS threads now, or None where numpy's BLAS is not one this can see."""
-    for lib in _numpy_openblas():
-        for name in _GETTERS:
-            getter = getattr(lib, name, None)
-            if getter is not None:
-                return int(getter())
-    return None
+    getter = _numpy_openblas(_GETTERS)
+    return None if getter is None else int(getter())
 
 
 def single_threaded_blas() -> bool:
     """Hold numpy's OpenBLAS to one thread (see above); False where it could not be found
     (another BLAS: then OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the environment decide)."""
-    for lib in _numpy_openblas():
-        for name in _SETTERS:
-            setter = getattr(lib, name, None)
-            if setter is not None:
-                setter(ctypes.c_int64(1))  # (int or 64-bit int by build: 1 reads the same in both)
-                return True
-    log.info("numpy's BLAS is not a bundled OpenBLAS: its threads are left as they are")
-    return False
+    setter = _numpy_openblas(_SETTERS)
+    if setter is None:
+        log.info("numpy's BLAS is not a bundled OpenBLAS: its threads are left as they are")
+        return False
+    setter(ctypes.c_int64(1))  # (int or 64-bit int by build: 1 reads the same in both)
+    return True

@@ -43,25 +43,19 @@ class SpeechEngine:
         tts_model) adds speech synthesis: the shipped TTS weights unless a path or model is
         given (FileNotFoundError when there are none)."""
         with lower_priority_of_new_threads():  # every thread the engine starts (engine/priority.py)
-            self._build(stt_model, weights_path, tts_model, tts_weights_path, with_tts, readers, turn_cues,
-                        runtime_options)
+            name = check_stt_model(stt_model if isinstance(stt_model, str)
+                                   else DEFAULT_STT_MODEL if stt_model is None else SSM)
+            model = stt_model if isinstance(stt_model, SttModel) else load_model(weights_path)
+            if name == WHISPER:
+                head = "shipped" if "pause" in check_turn_cues(turn_cues) else None
+                runtime_options["words"] = (ReadingWorker(WhisperReader(), readers, head), SileroVad())
+                runtime_options["turn_cues"] = turn_cues
+            self.stt_model = name
+            if tts_model is None and (with_tts or tts_weights_path is not None):
+                from ..tts import load_model as load_tts
 
-    def _build(self, stt_model: Union[SttModel, str, None], weights_path: Optional[Path],
-               tts_model: Optional[TtsModel], tts_weights_path: Optional[Path], with_tts: bool, readers: int,
-               turn_cues: str, runtime_options: dict[str, Any]) -> None:
-        name = check_stt_model(stt_model if isinstance(stt_model, str) else DEFAULT_STT_MODEL if stt_model is None
-                               else SSM)
-        model = stt_model if isinstance(stt_model, SttModel) else load_model(weights_path)
-        if name == WHISPER:
-            head = "shipped" if "pause" in check_turn_cues(turn_cues) else None
-            runtime_options["words"] = (ReadingWorker(WhisperReader(), readers, head), SileroVad())
-            runtime_options["turn_cues"] = turn_cues
-        self.stt_model = name
-        if tts_model is None and (with_tts or tts_weights_path is not None):
-            from ..tts import load_model as load_tts
-
-            tts_model = load_tts(tts_weights_path)
-        self.runtime = Runtime(model, tts_model=tts_model, **runtime_options)
+                tts_model = load_tts(tts_weights_path)
+            self.runtime = Runtime(model, tts_model=tts_model, **runtime_options)
         self._ready = False
 
     def start(self) -> None:
