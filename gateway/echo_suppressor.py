@@ -109,6 +109,7 @@ class EchoSuppressor:
         self._pending_reference: Deque[np.ndarray] = deque()
         self._band_gains: Deque[np.ndarray] = deque(maxlen=GAIN_MEMORY_FRAMES)
         self._reference_bands: Deque[np.ndarray] = deque(maxlen=int(MAX_DELAY_S * SAMPLE_RATE) // FRAME + 2)
+        self._silent_bands = np.zeros(len(BANDS))
         self._overlap = np.zeros(CROSSFADE, dtype=np.float32)
         self._frames_since_estimate = 0
         self._noise_floor = np.zeros(WINDOW // 2 + 1)  # per-bin magnitude while Parley is silent
@@ -154,16 +155,21 @@ class EchoSuppressor:
                 self._pending_reference.popleft()
             else:
                 self._pending_reference[0] = head[len(parts[-1]):]
-        if need:
-            parts.append(np.zeros(need, dtype=np.float32))
-        self._reference = np.concatenate([self._reference[FRAME:], *parts])
-        spectrum = np.abs(np.fft.rfft(self._reference[-WINDOW:] * self._window))
+        self._reference[:-FRAME] = self._reference[FRAME:]  # in place: the history is ~1.5 s long
+        if parts:
+            self._reference[-FRAME:len(self._reference) - need] = np.concatenate(parts)
+        self._reference[len(self._reference) - need:] = 0.0
+        latest = self._reference[-WINDOW:]
+        if not latest.any():  # Parley silent (most frames of a call): the bands are zero, no FFT needed
+            self._reference_bands.append(self._silent_bands)
+            return
+        spectrum = np.abs(np.fft.rfft(latest * self._window))
         self._reference_bands.append(band_levels(spectrum))
 
     def _reference_active(self) -> bool:
         """Parley spoke within the longest echo delay (so an echo may be arriving now)."""
         recent = self._reference[-int(MAX_DELAY_S * SAMPLE_RATE) - FRAME:]
-        return float(np.sqrt(np.mean(recent ** 2))) > ACTIVE_REFERENCE_RMS / 4
+        return bool(recent.any()) and float(np.sqrt(np.mean(recent ** 2))) > ACTIVE_REFERENCE_RMS / 4
 
     def _update_delay(self, estimate: Optional[int]) -> None:
         """Adopt the first estimate; later, move only when two estimates in a row agree on a

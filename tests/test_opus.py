@@ -52,3 +52,31 @@ def test_decoder_rejects_garbage_with_an_error():
 def test_encoder_checks_frame_size():
     with pytest.raises(ValueError):
         OpusEncoder(48000).encode(np.zeros(100, dtype=np.int16))
+
+
+def snr_db(decoded: np.ndarray, original: np.ndarray, delay: int) -> float:
+    """How close the decoded audio is to what was encoded, past the codec's delay."""
+    heard = decoded[delay:].astype(np.float64)
+    sent = original[:len(heard)].astype(np.float64)
+    return float(10 * np.log10(np.sum(sent ** 2) / np.sum((sent - heard) ** 2)))
+
+
+def test_silence_is_not_encoded_again_and_the_speech_after_it_sounds_as_good():
+    speech = np.concatenate(speechlike(50))
+    sent = np.concatenate([speech, np.zeros(48000, np.int16), speech])
+    encoder, decoder = OpusEncoder(48000), OpusDecoder(48000)
+    decoded = np.concatenate([decoder.decode(encoder.encode(frame)) for frame in np.split(sent, len(sent) // 960)])
+    assert encoder.frames_spared >= 40  # the second of silence, after the first few frames
+
+    # the same audio from an encoder that analyses every frame
+    reference, plain_decoder, plain = OpusEncoder(48000), OpusDecoder(48000), []
+    for frame in np.split(sent, len(sent) // 960):
+        reference._zero_frames = 0  # never settled: every frame goes through libopus
+        plain.append(plain_decoder.decode(reference.encode(frame)))
+    plain = np.concatenate(plain)
+    assert reference.frames_spared == 0
+
+    delay = 312  # libopus' lookahead at 48 kHz (6.5 ms)
+    after = slice(len(speech) + 48000, None)
+    assert np.abs(decoded[len(speech) + 2000:len(speech) + 48000]).max() <= 4  # silence stayed silent
+    assert snr_db(decoded[after], sent[after], delay) > snr_db(plain[after], sent[after], delay) - 1.0
