@@ -107,10 +107,16 @@ def write_turns(model: TurnCompletion, path: Path) -> int:
     return len(rows)
 
 
-@lru_cache(maxsize=4)
 def load_turns(path: Path = SHIPPED_TURNS) -> TurnCompletion:
-    """Read a table written by write_turns (cached: it is read once; FileNotFoundError or
-    ValueError naming the path)."""
+    """Read a table written by write_turns (cached: each file is read once, however it is
+    named; FileNotFoundError or ValueError naming the path). Every stream shares the table:
+    reading the shipped one takes ~0.5 s, which a call's first stream once spent on the
+    event loop."""
+    return _read_turns(Path(path).resolve())
+
+
+@lru_cache(maxsize=4)
+def _read_turns(path: Path) -> TurnCompletion:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)

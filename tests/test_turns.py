@@ -1,12 +1,14 @@
 """engine.turn: the turn-completion table, and how StreamDecoder weighs it against the head."""
 
 import gzip
+import os
+from pathlib import Path
 
 import pytest
 
 from engine.interface import EndOfTurn, Final
 from engine.stt import BLANK, CONTINUATION_FRAMES, SILENT_TURN_END_FRAMES, StreamDecoder, encode_text
-from engine.turn import context, count_turns, load_turns, write_turns
+from engine.turn import SHIPPED_TURNS, context, count_turns, load_turns, write_turns
 
 CALLS = [
     "my order number is | two six oh | four four one",
@@ -68,6 +70,13 @@ def test_a_broken_table_is_a_clear_error(tmp_path):
         load_turns(path)
     with pytest.raises(FileNotFoundError):
         load_turns(tmp_path / "missing.json.gz")
+
+
+def test_every_stream_shares_one_copy_of_a_table_however_it_is_named():
+    # a stream's TurnReader asks for load_turns(), the engine for load_turns(SHIPPED_TURNS):
+    # read twice, the second read (~0.5 s) fell on the event loop as the first call opened
+    relative = Path(os.path.relpath(SHIPPED_TURNS))
+    assert load_turns() is load_turns(SHIPPED_TURNS) is load_turns(relative)
 
 
 def test_the_shipped_table_knows_the_contact_center():
