@@ -27,6 +27,9 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    closed first, and the counting requests use
                                    Connection: close): aiohttp keeps one task per open
                                    keep-alive connection, which is no call's leftover
+    fds_idle_before, _after        open fds with no call up, before the first call and
+                                   after the last: a descriptor leak shows here, where
+                                   fd_growth_pct also moves with the calls up at a sample
     loop_stall_ms_max              the longest 10 ms timer lateness from the first call
                                    on; loop_stalls_over_50ms counts them (/metrics
                                    histogram, less its count before the first call)
@@ -201,6 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
             await wait_ready(http, url)
             tasks_before = await idle_tasks(http, url)
+            fds_before = proc_figures(proc.pid)["fds"]
             startup = await scrape(http, url)  # start-up: everything before the first call
             startup_stall_max = await loop_stall_max(http, url, 60.0)
             calls_http = aiohttp.ClientSession()
@@ -245,7 +249,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "startup_loop_stalls_over_50ms": stalls_over(startup, STALL_MS),
         "load_1m_first_last": [samples[0]["load_1m"], samples[-1]["load_1m"]] if samples else None,
         "tasks_idle_before": tasks_before, "tasks_idle_after": tasks_after,
-        "task_leak": tasks_after - tasks_before, "fds_idle_after": fds_after,
+        "task_leak": tasks_after - tasks_before, "fds_idle_before": fds_before, "fds_idle_after": fds_after,
         "samples": samples,
         "settings": {"stt_model": args.stt_model, "responder": "echo", "sample_s": args.sample_s,
                      "session_ttl_s": args.session_ttl_s},

@@ -120,8 +120,8 @@ def stream_file(model: SttModel, audio: np.ndarray, lm: LmChoice = SHIPPED, turn
     where the speech ends (default: the final transcript's last word); pauses: its mid-turn
     pauses, when known. With a Whisper `reader` (engine.whisper.WhisperReader) the words are
     its readings (engine.whisper_stream), and each event is timed when its reading is done."""
-    recognizer = Recognizer(model, lm, turns, precision, turn_end_probability)
-    if reader is not None:
+    recognizer = Recognizer(model, lm if reader is None else None, turns, precision, turn_end_probability)
+    if reader is not None:  # (Whisper reads the words: the SSM's own need no beam search, as in the runtime)
         recognizer = InlineRecognizer(recognizer, reader, vad.stream() if vad is not None else None, pause_head, ssm_ends)
     padded = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), np.float32)])
     first_seen: dict[int, float] = {}  # word index in the turn -> when a partial first held it

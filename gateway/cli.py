@@ -25,7 +25,6 @@ from aiohttp import web
 from engine import single_threaded_blas
 
 from . import config as config_module
-from . import heap
 from . import logs
 from . import replay as replay_module
 from .app import CALLS_KEY, create_app
@@ -74,7 +73,6 @@ async def serve(config: config_module.Config) -> None:
     use_host_addresses(config.ice_addresses)
     single_threaded_blas()  # numpy's idle BLAS threads spin: on a small node they ate a core's share
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    trimmer = asyncio.create_task(heap.trim_heap_forever(), name="trim-heap")
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -89,7 +87,6 @@ async def serve(config: config_module.Config) -> None:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()
     app[CALLS_KEY].draining = True
-    trimmer.cancel()
     await runner.cleanup()
 
 

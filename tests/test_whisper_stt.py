@@ -268,6 +268,7 @@ async def test_the_runtime_streams_whisper_readings_in_order():
         stream = engine.open_stt("s1")
         # turn_cues "pause" (the default), as in the benchmark: the pause head confirms ends, the SSM's does not
         assert engine.runtime.stt.words[0].pause_head is not None and not stream.turns.ssm_weighs_words
+        assert stream.decoder.beam is None  # Whisper reads the words: the SSM's own need no beam search
         padded = np.concatenate([audio, np.zeros(2 * SAMPLE_RATE, np.float32)])
         for start in range(0, len(padded), 320):
             stream.push((padded[start:start + 320] * 32767).astype(np.int16))

@@ -165,7 +165,10 @@ class SttStepper(SlotTable):
         self.words = words  # Whisper reads the words (engine.whisper_stream); None: the SSM's own
         self.ssm_ends = "ssm" in check_turn_cues(turn_cues)  # (the pause head is the reading worker's)
         self.stepper = streaming_model(model, precision)  # the model, or its int8 form on CPU
-        self.lm = resolve_lm(lm)  # every stream's final transcripts: beam search with this LM (None: greedy)
+        # The SSM's own transcripts: beam search with this LM (None: greedy). Where Whisper reads
+        # the words, the SSM's are dropped (engine/whisper_stream.py), so no beam search runs:
+        # it is pure Python on every frame of every stream, holding the GIL the event loop needs.
+        self.lm = resolve_lm(lm) if words is None else None
         self.turns = resolve_turns(turns)  # what was said weighs on turn ends (None: the acoustic head alone)
         self.turn_end_probability = turn_end_probability  # None: engine.stt's default for the choice of turns
         if turn_end_probability is not None:
