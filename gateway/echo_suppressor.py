@@ -156,9 +156,10 @@ class EchoSuppressor:
             else:
                 self._pending_reference[0] = head[len(parts[-1]):]
         self._reference[:-FRAME] = self._reference[FRAME:]  # in place: the history is ~1.5 s long
+        newest, sent = self._reference[-FRAME:], FRAME - need
         if parts:
-            self._reference[-FRAME:len(self._reference) - need] = np.concatenate(parts)
-        self._reference[len(self._reference) - need:] = 0.0
+            newest[:sent] = np.concatenate(parts)
+        newest[sent:] = 0.0
         latest = self._reference[-WINDOW:]
         if not latest.any():  # Parley silent (most frames of a call): the bands are zero, no FFT needed
             self._reference_bands.append(self._silent_bands)
