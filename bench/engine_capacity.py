@@ -38,7 +38,10 @@ Figures per row
 - state_bytes_per_stream (one call's slots of the preallocated pools: STT + TTS) and
   rss_growth_kb_per_stream (process RSS with N calls open minus before opening, over N:
   queues, buffers, allocator);
-- cpu_pct: this process's CPU time over the window, % of one core;
+- cpu_pct: this process's CPU time over the window, % of one core; reply_audio_s: the replies'
+  audio drained in the window; with --no-stt (speaking only: no caller audio is heard, so all
+  the CPU is the voice's) cpu_s_per_reply_audio_s, one reply stream's real-time factor in CPU
+  seconds with N replies rendering at once;
 - with Whisper reading the words (--audio clips, cut to their speech by the VAD):
   turn_end_ms_p50/p95, from a clip's last sample pushed to the first EndOfTurn drained after
   it (the turn rule waits 0.2-1.0 s of quiet on purpose, engine/whisper_stream.py, so this is
@@ -51,7 +54,7 @@ Figures per row
 max_streams is the largest N within budget, all smaller sizes within budget too.
 
 Usage: python bench/engine_capacity.py [--audio DIR] [--stt-model whisper-tiny.en|ssm] [--device cpu|cuda|auto]
-       [--threads 1] [--no-tts] --json
+       [--threads 1] [--no-tts | --no-stt] --json
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ import torch  # noqa: E402
 
 from bench.real_turns import speech_span  # noqa: E402
 from engine import tts  # noqa: E402
-from engine.interface import EndOfTurn, Partial  # noqa: E402
+from engine.interface import Audio, EndOfTurn, Partial  # noqa: E402
 from engine.models import STT_MODELS, WHISPER  # noqa: E402
 from engine.audio import FRAMES_PER_STEP, HOP_LENGTH, N_FFT, SAMPLE_RATE  # noqa: E402
 from engine.runtime import Runtime, RuntimeSttStream, RuntimeTtsStream  # noqa: E402
@@ -195,6 +198,7 @@ class Speaker:
         self.stream: Optional[RuntimeTtsStream] = None
         self.next_at = time.perf_counter() + self.rng.uniform(0, REPLY_PAUSE_S[1])  # staggered starts
         self.failed = 0
+        self.audio_samples = 0  # reply audio drained (TTS sample rate)
 
     def service(self, now: float) -> None:
         if self.stream is None:
@@ -203,7 +207,7 @@ class Speaker:
                 self.stream.push_text(self.texts[int(self.rng.integers(len(self.texts)))])
                 self.stream.end()
             return
-        self.stream.poll()
+        self.audio_samples += sum(len(event.pcm) for event in self.stream.poll() if isinstance(event, Audio))
         if self.stream.closed:
             self.failed += self.stream.error is not None
             self.stream = None
@@ -240,8 +244,8 @@ class Feeder(threading.Thread):
 
 def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str], args: argparse.Namespace) -> dict:
     rss_before = rss_bytes()
-    streams = [runtime.open_stt(f"bench-{i}") for i in range(n)]
-    worker = runtime.stt.words[0] if runtime.stt.words is not None else None
+    streams = [] if args.no_stt else [runtime.open_stt(f"bench-{i}") for i in range(n)]
+    worker = runtime.stt.words[0] if runtime.stt.words is not None and not args.no_stt else None
     gap_s = CLIP_GAP_S if worker is not None and args.audio else 0.0
     sources = [Source(clips[i % len(clips)], i * 7919, gap_s) for i in range(n)]
     speakers = [Speaker(runtime, f"bench-{i}", texts, seed=i) for i in range(n)] if runtime.tts else []
@@ -254,9 +258,11 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
     readings_start = (worker.readings, worker.read_seconds) if worker is not None else (0, 0.0)
     if worker is not None:
         worker.waits.clear()
+    audio_start = [speaker.audio_samples for speaker in speakers]
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     time.sleep(args.seconds)
-    behind = max(frames_behind(s) for s in streams) * FRAME_S
+    behind = max((frames_behind(s) for s in streams), default=0) * FRAME_S
+    reply_audio_s = sum(s.audio_samples - a for s, a in zip(speakers, audio_start)) / tts.SAMPLE_RATE
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
     _, lags, counters = runtime.metrics.snapshot()
     stats = runtime.stats()
@@ -284,6 +290,9 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
         "cpu_pct": round(100 * cpu / wall, 1), "streams_failed": failed,
         "ttfa_ms_p50": percentile_ms(ttfas, 50), "ttfa_ms_p95": percentile_ms(ttfas, 95),
         "replies": len(ttfas), "late_audio_chunks": counters["late_audio_chunks"],
+        "reply_audio_s": round(reply_audio_s, 1),
+        # --no-stt: the process's CPU is all the voice's, so this is one reply stream's RTF (CPU)
+        "cpu_s_per_reply_audio_s": round(cpu / reply_audio_s, 4) if args.no_stt and reply_audio_s else None,
     }
     if worker is not None:
         row.update(reading_figures(worker, readings_start, (wall_start, wall_start + wall), feeder.clocks, sources))
@@ -291,8 +300,8 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
                               and row["turns_missed"] == 0)
     speech_ok = not speakers or (bool(ttfas) and row["ttfa_ms_p95"] <= TTFA_BUDGET_S * 1000
                                  and row["late_audio_chunks"] == 0)
-    row["within_budget"] = (failed == 0 and lag_p95 is not None and lag_p95 <= LAG_BUDGET_S * 1000
-                            and behind <= LAG_BUDGET_S and speech_ok and words_ok)
+    listening_ok = not streams or (lag_p95 is not None and lag_p95 <= LAG_BUDGET_S * 1000 and behind <= LAG_BUDGET_S)
+    row["within_budget"] = failed == 0 and listening_ok and speech_ok and words_ok
     return row
 
 
@@ -343,6 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--weights", help="STT weights (default: shipped if present, else random init)")
     parser.add_argument("--texts", default=str(DEFAULT_TEXTS), help="reply sentences, one per line")
     parser.add_argument("--no-tts", action="store_true", help="listening only: no replies")
+    parser.add_argument("--no-stt", action="store_true",
+                        help="speaking only: no caller audio, so CPU per reply audio second is the voice's alone")
     parser.add_argument("--lm", default="shipped",
                         help="word LM of the transcripts: shipped (default), none (greedy) or an ARPA file")
     parser.add_argument("--turns", default="shipped",
@@ -355,6 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--note", help="free text stored in the JSON (e.g. what else the machine ran)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
+    if args.no_tts and args.no_stt:
+        parser.error("--no-tts and --no-stt leave nothing to measure")
     sizes = [int(size) for size in args.sizes.split(",")]
     load_start = round(os.getloadavg()[0], 2)
 
@@ -370,7 +383,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
     rows = []
     try:
-        run_row(runtime, sizes[0], clips, texts, argparse.Namespace(warm_up=0.2, seconds=1.0, audio=args.audio))  # unmeasured
+        run_row(runtime, sizes[0], clips, texts, argparse.Namespace(warm_up=0.2, seconds=1.0, audio=args.audio,
+                                                                        no_stt=args.no_stt))  # unmeasured
         for n in sizes:
             log(f"N={n}: {args.warm_up:g} s warm-up + {args.seconds:g} s window")
             rows.append(run_row(runtime, n, clips, texts, args))

@@ -118,9 +118,18 @@ async def one_call(http: aiohttp.ClientSession, url: str, packets: list[bytes], 
         tally.turns += 1
     except Exception as exc:  # a failed call is a figure, not a crash
         tally.failures.append(f"{time.strftime('%H:%M:%S')} waiting for {step} "
-                              f"(connection {caller.pc.connectionState}): {type(exc).__name__}: {str(exc)[:160]}")
+                              f"(connection {caller.pc.connectionState}): {type(exc).__name__}; "
+                              f"events {event_trail(caller.events)}")
     finally:
         await caller.hang_up(http)
+
+
+def event_trail(events: list[dict], last: int = 16) -> str:
+    """The call's last events, with their turn numbers, less the periodic call.stats: what
+    the reply did before the wait ran out."""
+    trail = [event["type"] + (f":{event['turn']}" if "turn" in event else "")
+             for event in events if event["type"] != "call.stats"]
+    return ("... " if len(trail) > last else "") + " ".join(trail[-last:])
 
 
 async def caller_loop(http: aiohttp.ClientSession, url: str, packets: list[bytes], deadline: float,

@@ -39,3 +39,22 @@ def test_capacity_bench_times_turn_ends_when_whisper_reads_clips():
                   "reading_wait_ms_p95", "reader_busy_pct"):
         assert field in row
     assert row["readings"] >= 1 and row["turns_ended"] + row["turns_missed"] >= 1, row
+
+
+def test_capacity_bench_prices_the_voice_alone_with_no_stt():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engine_capacity.py"), "--sizes", "2", "--seconds", "4",
+         "--warm-up", "0.5", "--no-stop", "--no-stt", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = json.loads(result.stdout)["rows"][0]
+    assert row["lag_ms_p95"] is None, "no caller audio is heard with --no-stt"
+    assert row["replies"] >= 1 and row["reply_audio_s"] > 0
+    assert 0 < row["cpu_s_per_reply_audio_s"] < 10, row
+
+
+def test_capacity_bench_refuses_to_measure_nothing():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engine_capacity.py"), "--no-stt", "--no-tts"],
+        capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "leave nothing to measure" in result.stderr
