@@ -45,7 +45,9 @@ failing, ends the call with a spoken goodbye (reason `stt_failed`). A reply whos
 (its TTS stream breaks, or none can be opened: `tts_failed`) ends there, like a barge-in: the
 history keeps the words heard, and the caller has the floor again. A stream fails alone (its
 own text), so a new one normally speaks: the caller hears a short apology in it, once (an
-apology that loses its voice too is not apologised for).
+apology that loses its voice too is not apologised for). A reply that stalls (`reply_stalled`,
+gateway/reply.py) or whose own task raises (`internal_error`, logged with its traceback) ends
+the same way.
 
 Logs carry transcript text only with `privacy_log_content`; otherwise a turn's log line
 has its word count alone.
@@ -78,7 +80,7 @@ from .events import EventChannel
 from .key_turns import KeyTurns
 from .pacer import PacedAudioTrack, SentFrame
 from .recording import CallRecording
-from .reply import Reply, Speaker, StageTimes
+from .reply import REPLY_STALL_S, Reply, Speaker, StageTimes
 from .responders import Responder
 from .speculation import Speculation, same_words
 
@@ -113,7 +115,8 @@ class Conversation:
                  idle_prompt_s: float = 15.0, idle_hangup_s: float = 15.0, max_turn_s: float = 30.0,
                  speculate_after_s: Optional[float] = SPECULATE_AFTER_S,
                  recording: Optional[CallRecording] = None, reopen_stt: Optional[Callable[[], SttStream]] = None,
-                 last_turn: int = 0, log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None) -> None:
+                 last_turn: int = 0, log_content: bool = False, logger: Optional[logging.Logger | logging.LoggerAdapter] = None,
+                 reply_stall_s: float = REPLY_STALL_S) -> None:
         self.stt = stt
         self.reopen_stt = reopen_stt  # a new recognizer stream for this call (None: a failed one ends the call)
         self._stt_failures = 0
@@ -133,9 +136,11 @@ class Conversation:
         self._pushed_samples = 0  # caller audio given to the recognizer (16 kHz)
         self._user_text: list[str] = []
         self._tasks: set[asyncio.Task] = set()
+        self._watcher: Optional[asyncio.Task] = None  # the idle and turn-length limits (_watch_limits)
         self._speech_end: Optional[float] = None
         self.echo = EchoSuppressor()
-        self.speaker = Speaker(self, open_tts, pacer, events, turns=last_turn)  # (numbering goes on after a resume)
+        self.speaker = Speaker(self, open_tts, pacer, events, turns=last_turn,  # (numbering goes on after a resume)
+                               stall_s=reply_stall_s)
         self.barge_in = BargeIn(self.speaker, pacer, events, self.echo, speaking=lambda: self.state == "speaking",
                                 spawn=self.spawn)
         pacer.on_sent = self._on_sent
@@ -184,7 +189,7 @@ class Conversation:
             self._continue_unfinished(self.in_progress)
         elif not self.history:  # a new session: the responder may speak first (a greeting)
             self._start_reply(StageTimes(), greeting=True)
-        self.spawn(self._watch_limits())
+        self._watcher = self.spawn(self._watch_limits())
         while await self._listen():
             pass
 
@@ -505,8 +510,27 @@ class Conversation:
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A task of this call ended. One that raised is a bug, and it must not leave the call
+        wedged: a reply whose own task died could never end (it ends here, like one that lost
+        its voice), and a dead limits watcher would leave a silent caller on the line for ever
+        (it starts again)."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        self.log.error("a conversation task failed", exc_info=task.exception())
+        reply = self.reply
+        if reply is not None and self.speaker.is_reply_task(task):
+            self.events.emit("error", code="internal_error", message="the reply failed on the gateway and ended",
+                             turn=reply.turn)
+            self.reply_lost_voice(reply)
+            return
+        self.events.error("internal_error", "part of the call failed on the gateway; the call goes on")
+        if task is self._watcher:
+            self._watcher = self.spawn(self._watch_limits())
 
     def _spawn_detached(self, coro) -> None:
         """Work that must outlive close() (closing the call, releasing the responder)."""

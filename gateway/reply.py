@@ -8,7 +8,9 @@ what the caller heard is known at any moment (a barge-in, a dropped connection).
 The reply is over when the pacer has sent its last sample (`PacedAudioTrack.until_played`),
 when it is cut (gateway/barge_in.py), or when its voice fails (its TTS stream breaks, or none
 can be opened: `tts_failed`). Responder failures and timeouts are spoken as an apology with
-an `error` event, never silence.
+an `error` event, never silence. A reply that stops moving (no new audio and none played for
+`stall_s`, the pacer not held: a TTS stream that never ends, a pacer nobody reads) ends too
+(`reply_stalled`), so no call waits for it for ever.
 
 Stage times: `metrics.turn` breaks each reply's latency down by stage, up to the first frame
 sent. The browser's playout start is the last stage: the page reports it (`playout.started
@@ -42,6 +44,7 @@ PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to 
 PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
 MAX_PLAYOUT_DELAY_S = 0.4  # a longer playout report is a stalled page, not its audio path
 APOLOGY = "Sorry, I'm having trouble answering right now."
+REPLY_STALL_S = 10.0  # a reply neither making nor playing audio this long (not paused) is stuck
 
 
 @dataclass
@@ -134,8 +137,9 @@ class Speaker:
     """Speaks one reply at a time into the pacer, and knows how much of it has played."""
 
     def __init__(self, host: ReplyHost, open_tts: Callable[[], TtsStream], pacer: PacedAudioTrack,
-                 events: EventChannel, turns: int = 0) -> None:
+                 events: EventChannel, turns: int = 0, stall_s: float = REPLY_STALL_S) -> None:
         self.host = host
+        self.stall_s = stall_s
         self.open_tts = open_tts
         self.pacer = pacer
         self.events = events
@@ -248,14 +252,14 @@ class Speaker:
         if tts is self._tts:
             reply.tts_finished.set()
 
-    def _lost_voice(self, reply: Reply, exc: Exception) -> None:
-        """The reply lost its voice: it ends here (no spoken apology: there is no voice to give it in)."""
+    def _lost_voice(self, reply: Reply, exc: Exception, code: str = "tts_failed",
+                    message: str = "speech synthesis failed: the reply ended early",
+                    log_line: str = "speech synthesis failed: the reply ends") -> None:
+        """The reply lost its voice: it ends here (the host decides on an apology, in a new voice)."""
         if self.reply is not reply:
             return  # already over (a barge-in, a newer reply)
-        self.host.log.warning("speech synthesis failed: the reply ends", extra={"error": type(exc).__name__,
-                                                                                "turn": reply.turn})
-        self.events.emit("error", code="tts_failed", message="speech synthesis failed: the reply ended early",
-                         turn=reply.turn)
+        self.host.log.warning(log_line, extra={"error": type(exc).__name__, "code": code, "turn": reply.turn})
+        self.events.emit("error", code=code, message=message, turn=reply.turn)
         self.host.reply_lost_voice(reply)
 
     def _write_audio(self, reply: Reply, audio: Audio) -> None:
@@ -292,11 +296,21 @@ class Speaker:
 
     async def _while_saving_progress(self, reply: Reply, done: Awaitable[bool]) -> bool:
         """Await `done`, saving how far the reply has played every PROGRESS_EVERY_S meanwhile
-        (a dropped connection resumes from there)."""
+        (a dropped connection resumes from there). False if the reply was cut meanwhile, or
+        stalled: neither written nor played on for `stall_s` while the pacer was not held."""
         waiter = asyncio.ensure_future(done)
+        moved_at, position = time.monotonic(), None
         try:
             while not (await asyncio.wait({waiter}, timeout=PROGRESS_EVERY_S))[0]:
                 self.save_progress(reply)
+                now, where = time.monotonic(), (reply.written, self.pacer.played_samples, len(reply.marks))
+                if where != position:  # (a barge-in pause holds it MAX_PAUSE_S at most, well under stall_s)
+                    moved_at, position = now, where
+                elif now - moved_at > self.stall_s:
+                    self._lost_voice(reply, TimeoutError("no audio made or played"), "reply_stalled",
+                                     f"the reply stopped: no audio made or played for {self.stall_s:g} s",
+                                     "the reply stalled: it ends")
+                    return False
             return waiter.result()
         finally:
             waiter.cancel()
@@ -342,6 +356,10 @@ class Speaker:
         self.reply = None
         self.save_progress(None)
         return heard, played_ms
+
+    def is_reply_task(self, task: asyncio.Task) -> bool:
+        """Whether `task` is the current reply's responder -> playback task."""
+        return task is self._task
 
     def cancel(self) -> None:
         """Stop the reply's TTS and responder (its queued audio stays: cut() drops it)."""

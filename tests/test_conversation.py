@@ -680,6 +680,67 @@ async def test_a_voice_failing_mid_reply_ends_the_reply_and_gives_the_caller_the
     await h.wait_for("response.audio.end")
 
 
+class EndlessTts(ToneTts):
+    """A TtsStream whose audio comes out but whose events() never end (a stream wedged in the engine)."""
+
+    def end(self) -> None:
+        if self._pending.strip():
+            self._say(self._pending.strip())
+        self._pending = ""
+
+
+async def test_a_reply_whose_voice_never_ends_is_ended_and_the_caller_gets_the_floor(harness):
+    streams = iter([EndlessTts()])
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], open_tts=lambda: next(streams, None) or ToneTts(),
+                idle_prompt_s=60, reply_stall_s=0.5)
+    h.start()
+    h.say("hello there")
+    await h.wait_for("response.audio.start")
+    error = await h.wait_for("error")
+    assert error["code"] == "reply_stalled" and error["turn"] == 1
+    end = await h.wait_for("response.audio.end")  # the apology, in a new stream
+    assert end["turn"] == 2 and "cut off" in texts(h)
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    stalled = h.conversation.history[-2]
+    assert stalled.text == "You said: hello there" and stalled.heard_text == stalled.text, "all of it had played"
+
+
+async def test_a_reply_nobody_plays_out_is_ended_without_a_loop_of_apologies(harness):
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], idle_prompt_s=60, reply_stall_s=0.5)
+    h.start()
+    h._player.cancel()  # the RTP sender stopped reading the pacer
+    h.say("hello there")
+    error = await h.wait_for("error")
+    assert error["code"] == "reply_stalled" and error["turn"] == 1
+    await h.wait_for("error", count=2)  # its apology could not play either: it ends, and no third reply starts
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    await asyncio.sleep(1.0)
+    assert len([e for e in h.sent if e["type"] == "error"]) == 2 and h.conversation.reply is None
+    assert "response.audio.end" not in h.types()
+
+
+async def test_a_reply_task_that_raises_ends_the_reply_with_an_error(harness, caplog):
+    h = harness(EchoResponder(), history=[Turn("user", "hi")], idle_prompt_s=60)
+    h.start()
+    h.say(LONG)
+    await h.wait_for("response.audio.start")
+    broken = []
+
+    def fail_once() -> None:  # saving the reply's progress raises, once: a bug inside the reply's task
+        if not broken:
+            broken.append(1)
+            raise RuntimeError("session store bug")
+
+    h.conversation.on_change = fail_once
+    with caplog.at_level(logging.ERROR, logger="parley.conversation"):
+        error = await h.wait_for("error")
+    assert error["code"] == "internal_error" and error["turn"] == 1
+    assert any("conversation task failed" in r.getMessage() and r.exc_info for r in caplog.records)
+    await h.wait_for("response.audio.end")  # the apology, then the caller has the floor
+    await h.wait_until(lambda: h.conversation.state == "listening", "back to listening")
+    assert h.conversation.history[-2].text.startswith("You said: one")
+
+
 async def test_no_free_voice_for_a_reply_ends_it_instead_of_wedging_the_call(harness):
     refused: list[int] = []
 
