@@ -9,8 +9,8 @@ The reply is over when the pacer has sent its last sample (`PacedAudioTrack.unti
 when it is cut (gateway/barge_in.py), or when its voice fails (its TTS stream breaks, or none
 can be opened: `tts_failed`). Responder failures and timeouts are spoken as an apology with
 an `error` event, never silence. A reply that stops moving (no new audio and none played for
-`stall_s`, the pacer not held: a TTS stream that never ends, a pacer nobody reads) ends too
-(`reply_stalled`), so no call waits for it for ever.
+`stall_s`: a TTS stream that never ends, a pacer nobody reads) ends too (`reply_stalled`), so
+no call waits for it for ever.
 
 Stage times: `metrics.turn` breaks each reply's latency down by stage, up to the first frame
 sent. The browser's playout start is the last stage: the page reports it (`playout.started
@@ -44,7 +44,7 @@ PROGRESS_EVERY_S = 0.25  # how often the played position of a reply is saved to 
 PLAYOUT_REPORTS_KEPT = 8  # replies whose first frame awaits the page's playout.started; older ones are forgotten
 MAX_PLAYOUT_DELAY_S = 0.4  # a longer playout report is a stalled page, not its audio path
 APOLOGY = "Sorry, I'm having trouble answering right now."
-REPLY_STALL_S = 10.0  # a reply neither making nor playing audio this long (not paused) is stuck
+REPLY_STALL_S = 10.0  # a reply neither making nor playing audio this long is stuck (well over a barge-in pause, barge_in.MAX_PAUSE_S)
 
 
 @dataclass
@@ -297,7 +297,7 @@ class Speaker:
     async def _while_saving_progress(self, reply: Reply, done: Awaitable[bool]) -> bool:
         """Await `done`, saving how far the reply has played every PROGRESS_EVERY_S meanwhile
         (a dropped connection resumes from there). False if the reply was cut meanwhile, or
-        stalled: neither written nor played on for `stall_s` while the pacer was not held."""
+        stalled: neither written nor played on for `stall_s`."""
         waiter = asyncio.ensure_future(done)
         moved_at, position = time.monotonic(), None
         try:
