@@ -25,7 +25,7 @@ from aiohttp import web
 from engine import single_threaded_blas
 
 from . import config as config_module
-from . import logs
+from . import heap, logs
 from . import replay as replay_module
 from .app import CALLS_KEY, create_app
 from .registry import CallRegistry
@@ -115,5 +115,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("Parley configuration: " + json.dumps(config.masked(), sort_keys=True), flush=True)
     if args.command == "config":
         return 0
+    heap.tune()
     asyncio.run(serve(config))
     return 0
