@@ -29,16 +29,22 @@ MALLOC_ARENAS = 2
 TRIM_EVERY_S = 30.0
 M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 
+_trimmer: threading.Thread | None = None
+
 
 def tune() -> None:
-    """Call once, early in a serving process (before the engine's threads start)."""
+    """Call early in a serving process (before the engine's threads start); again is a no-op
+    for the trimmer, which runs once per process."""
+    global _trimmer
     gc.set_threshold(*GC_THRESHOLDS)
     libc = _glibc()
     if libc is None:
         log.info("not glibc: malloc arenas and trimming left as they are")
         return
     libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
-    threading.Thread(target=_trim_forever, args=(libc,), name="heap-trim", daemon=True).start()
+    if _trimmer is None:
+        _trimmer = threading.Thread(target=_trim_forever, args=(libc,), name="heap-trim", daemon=True)
+        _trimmer.start()
 
 
 def _glibc() -> ctypes.CDLL | None:
