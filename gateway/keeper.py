@@ -236,14 +236,21 @@ class SessionKeeper:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            kind, session_id, _ = write = self._writes[0]
+            if kind == "record":
+                # The record is encoded as it is sent, so a change made while it is on the wire
+                # needs a write of its own: no longer "queued" from here on.
+                self._queued_records.discard(session_id)
             try:
-                await self._write(self._writes[0])
+                await self._write(write)
             except StoreUnavailable as exc:
                 self._store_went_away(exc)
                 continue
-            kind, session_id, _ = self._writes.popleft()
-            if kind == "record":
-                self._queued_records.discard(session_id)
+            except Exception:  # a bug must not end the loop: every later write would be lost
+                log.exception("session write-behind failed; this write is dropped",
+                              extra={"session_id": session_id, "write": kind})
+            if self._writes and self._writes[0] is write:  # (a full queue may have dropped it meanwhile)
+                self._writes.popleft()
 
     async def _write(self, write: tuple[str, str, Optional[str]]) -> None:
         kind, session_id, text = write
