@@ -35,9 +35,11 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    histogram, less its count before the first call)
     loop_busy_stalls_over_50ms     those of them during which the loop's own thread ran
                                    on a CPU for half the stall and 50 ms or more (code
-                                   blocking the loop); the rest are
-                                   the process waiting for a CPU (a busy machine: see
-                                   load_1m) or for the GIL
+                                   blocking the loop)
+    loop_cpu_wait_stalls_over_50ms those during which it sat as long on a run queue (more
+                                   runnable threads than cores: the node's own and the
+                                   callers', which share this machine; see load_1m); the
+                                   rest, neither, are the thread asleep waiting for the GIL
     startup_loop_stall_ms_max      the same before the first call (the engine loading and
                                    warming up in worker threads, /readyz 503 meanwhile;
                                    the last minute of it), reported apart: no call is up
@@ -254,6 +256,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_stalls_over_50ms": stalls_over(final, STALL_MS) - stalls_over(startup, STALL_MS),
         "loop_busy_stalls_over_50ms": (final.get("parley_event_loop_busy_stalls_total", 0.0)
                                        - startup.get("parley_event_loop_busy_stalls_total", 0.0)),
+        "loop_cpu_wait_stalls_over_50ms": (final.get("parley_event_loop_cpu_wait_stalls_total", 0.0)
+                                           - startup.get("parley_event_loop_cpu_wait_stalls_total", 0.0)),
         "startup_loop_stall_ms_max": startup_stall_max,
         "startup_loop_stalls_over_50ms": stalls_over(startup, STALL_MS),
         "load_1m_first_last": [samples[0]["load_1m"], samples[-1]["load_1m"]] if samples else None,

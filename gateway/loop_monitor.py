@@ -1,15 +1,19 @@
 """Event-loop lag: how late a timer wakes up, the first sign that one process carries too many calls.
 
-Each probe also records how much CPU the loop's own thread used meanwhile. A long stall
-with the thread busy is code blocking the loop; one with the thread idle is the process
-waiting for a CPU (a machine busy with other work) or for the GIL (the engine's threads)."""
+Each probe also records how much CPU the loop's own thread used meanwhile, and (on Linux,
+from /proc/thread-self/schedstat) how long it sat runnable on a run queue with no CPU. A long
+stall with the thread on a CPU is code blocking the loop; one spent on a run queue is a
+machine with more runnable threads than cores; one spent in neither is the thread asleep,
+waiting for the GIL that another thread holds (or for a lock)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 from collections import deque
-from typing import Deque
+from typing import Deque, Optional
 
 import numpy as np
 
@@ -17,24 +21,32 @@ from .background import BackgroundTask
 
 PROBE_INTERVAL_S = 0.01  # sample lag 100 times a second: a stall shows in many samples
 WINDOW = 6000  # one minute of samples
+SCHEDSTAT = "/proc/thread-self/schedstat"  # "<ns on a CPU> <ns waiting on a run queue> <slices>"
 
 
 class LoopLagMonitor(BackgroundTask):
     def __init__(self) -> None:
         self._lags_ms: Deque[float] = deque(maxlen=WINDOW)
         self._busy_ms: Deque[float] = deque(maxlen=WINDOW)  # the loop thread's CPU time over each probe
+        self._queued_ms: Deque[float] = deque(maxlen=WINDOW)  # its run-queue wait over each (nan: unknown)
         self._ends: Deque[float] = deque(maxlen=WINDOW)  # when each probe woke (monotonic)
         self.probes = 0  # probes taken since start (lets a reader take only the new ones)
 
     async def _run(self) -> None:
-        while True:
-            start, cpu = time.monotonic(), time.thread_time()
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            end = time.monotonic()
-            self._busy_ms.append((time.thread_time() - cpu) * 1000.0)
-            self._ends.append(end)
-            self._lags_ms.append(max(0.0, (end - start - PROBE_INTERVAL_S) * 1000.0))
-            self.probes += 1
+        schedstat = _open_schedstat()  # opened on the loop's thread: it names that thread
+        try:
+            while True:
+                start, cpu, queued = time.monotonic(), time.thread_time(), _queued_s(schedstat)
+                await asyncio.sleep(PROBE_INTERVAL_S)
+                end = time.monotonic()
+                self._busy_ms.append((time.thread_time() - cpu) * 1000.0)
+                self._queued_ms.append((_queued_s(schedstat) - queued) * 1000.0)
+                self._ends.append(end)
+                self._lags_ms.append(max(0.0, (end - start - PROBE_INTERVAL_S) * 1000.0))
+                self.probes += 1
+        finally:
+            if schedstat is not None:
+                os.close(schedstat)
 
     def recent(self, seconds: float) -> list[float]:
         """The lag samples of probes that woke within the last `seconds` (fewer fit when the
@@ -56,6 +68,13 @@ class LoopLagMonitor(BackgroundTask):
             return []
         return list(self._busy_ms)[-min(count, WINDOW):]
 
+    def latest_queued(self, count: int) -> list[float]:
+        """The loop thread's run-queue wait in ms over each of the last `count` probes (nan where
+        the kernel does not say)."""
+        if count <= 0:
+            return []
+        return list(self._queued_ms)[-min(count, WINDOW):]
+
     def summary(self) -> dict[str, float]:
         if not self._lags_ms:
             return {"lag_ms_p50": 0.0, "lag_ms_p99": 0.0, "lag_ms_max": 0.0}
@@ -73,3 +92,20 @@ def percentiles(values: list[float]) -> dict[str, float]:
     p50, p99 = np.percentile(array, [50, 99])
     return {"samples": len(values), "p50": round(float(p50), 2), "p99": round(float(p99), 2),
             "max": round(float(array.max()), 2)}
+
+
+def _open_schedstat() -> Optional[int]:
+    try:
+        return os.open(SCHEDSTAT, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _queued_s(schedstat: Optional[int]) -> float:
+    """Seconds the thread has waited on a run queue, all told (a pread: ~1 us)."""
+    if schedstat is None:
+        return math.nan
+    try:
+        return int(os.pread(schedstat, 128, 0).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return math.nan

@@ -22,8 +22,9 @@ SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken pe
 JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
 LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
-BUSY_STALL_MS = 50.0  # a probe this late, with the loop thread on a CPU this long and for half of it:
-# the loop's own work made it late (code blocking the loop), not a process waiting for a CPU or the GIL
+STALL_MS = 50.0  # a probe this late, with the loop thread on a CPU (or on a run queue) this long and for
+# half of it: the loop's own work made it late (code blocking the loop), or the machine's other threads
+# did (more runnable than cores); a stall that is neither is the thread asleep, waiting for the GIL
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 # metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
 TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
@@ -59,6 +60,11 @@ class Metrics:
                                         "(code blocking the loop; a stall without that is the process waiting for a "
                                         "CPU or the GIL)",
                                         registry=r)
+        self.loop_cpu_wait_stalls = Counter("parley_event_loop_cpu_wait_stalls", "10 ms event-loop probes late "
+                                            "by over 50 ms while the loop's thread sat runnable on a run queue "
+                                            "for half of it and 50 ms or more (more runnable threads than cores; "
+                                            "a stall neither busy nor this is the thread waiting for the GIL)",
+                                            registry=r)
         self.loop_tasks = Gauge("parley_event_loop_tasks", "asyncio tasks alive on the event loop (with no "
                                 "calls up it should come back to its idle level; growth is a leak)", registry=r)
         self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
@@ -118,16 +124,25 @@ class Metrics:
             for late_ms in call.pacer.lateness_samples()[-limit:]:
                 self.lateness.observe(late_ms / 1000.0)
 
-    def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float], loop_busy_ms: Sequence[float] = ()) -> None:
-        """`loop_busy_ms`: the loop thread's CPU ms over each of those probes (when known)."""
+    def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float], loop_busy_ms: Sequence[float] = (),
+               loop_queued_ms: Sequence[float] = ()) -> None:
+        """`loop_busy_ms`, `loop_queued_ms`: the loop thread's ms on a CPU, and on a run queue, over
+        each of those probes (when known)."""
         for call in calls:
             self.sample_call(call)
         for lag_ms in loop_lags_ms:
             self.loop_lag.observe(lag_ms / 1000.0)
-        busy = sum(lag > BUSY_STALL_MS and cpu >= max(BUSY_STALL_MS, (lag + 10.0) / 2)
-                   for lag, cpu in zip(loop_lags_ms, loop_busy_ms))
+        busy = sum(map(_stall_spent, loop_lags_ms, loop_busy_ms))
         if busy:
             self.loop_busy_stalls.inc(busy)
+        queued = sum(map(_stall_spent, loop_lags_ms, loop_queued_ms))
+        if queued:
+            self.loop_cpu_wait_stalls.inc(queued)
+
+
+def _stall_spent(lag_ms: float, spent_ms: float) -> bool:
+    """A probe late by over STALL_MS that spent STALL_MS and half its time in one state (nan: never)."""
+    return lag_ms > STALL_MS and spent_ms >= max(STALL_MS, (lag_ms + 10.0) / 2)
 
 
 async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "LoopLagMonitor") -> None:
@@ -138,6 +153,6 @@ async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "
         await asyncio.sleep(SAMPLE_INTERVAL_S)
         probes = loop_lag.probes
         metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes),
-                       loop_lag.latest_busy(probes - seen_probes))
+                       loop_lag.latest_busy(probes - seen_probes), loop_lag.latest_queued(probes - seen_probes))
         metrics.loop_tasks.set(len(asyncio.all_tasks()))
         seen_probes = probes

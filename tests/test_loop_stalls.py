@@ -128,3 +128,55 @@ async def test_a_stall_counts_as_busy_only_when_the_loop_thread_ran():
         assert metrics.loop_busy_stalls._value.get() == 1
     finally:
         await monitor.stop()
+
+
+def test_stalls_are_told_apart_by_where_the_loop_thread_spent_them():
+    """Each late probe counts by where its time went: on a CPU (busy), on a run queue (CPU wait),
+    or neither (asleep on the GIL: counted by neither counter)."""
+    from gateway.metrics import Metrics
+
+    metrics = Metrics()
+    lags = [120.0, 120.0, 120.0, 120.0, 30.0]
+    on_cpu = [100.0, 5.0, 5.0, 5.0, 30.0]
+    on_run_queue = [5.0, 100.0, 5.0, float("nan"), 30.0]
+    metrics.sample([], lags, on_cpu, on_run_queue)
+    assert metrics.loop_busy_stalls._value.get() == 1
+    assert metrics.loop_cpu_wait_stalls._value.get() == 1
+
+
+async def test_a_loop_sharing_its_cpu_with_busy_processes_counts_a_cpu_wait_stall():
+    """Busy processes pinned to the loop thread's CPU: a stretch of work on the loop then spends
+    most of its time on the run queue, and the monitor reads that from the kernel
+    (/proc/thread-self/schedstat) and counts a CPU-wait stall, not a busy one."""
+    import math
+    import os
+
+    from gateway.loop_monitor import LoopLagMonitor
+    from gateway.metrics import Metrics
+
+    monitor, metrics = LoopLagMonitor(), Metrics()
+    monitor.start()
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    os.sched_setaffinity(0, {cpu})  # (this thread: the loop's)
+    hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+            for _ in range(4)]
+    try:
+        await asyncio.sleep(0.3)  # the hogs running
+        seen = monitor.probes
+        wall = time.monotonic()
+        while time.monotonic() - wall < 0.6:  # work on the loop, a fifth of a CPU its share
+            pass
+        await asyncio.sleep(0.05)
+        queued = monitor.latest_queued(monitor.probes - seen)
+        assert queued and not any(math.isnan(ms) for ms in queued), "no run-queue figures from the kernel"
+        assert max(queued) > 300.0, f"0.6 s beside 4 busy processes, yet at most {max(queued):.0f} ms queued"
+        metrics.sample([], monitor.latest(monitor.probes - seen), monitor.latest_busy(monitor.probes - seen), queued)
+        assert metrics.loop_cpu_wait_stalls._value.get() >= 1
+        assert metrics.loop_busy_stalls._value.get() == 0
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        os.sched_setaffinity(0, allowed)
+        await monitor.stop()
