@@ -33,13 +33,17 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
     loop_stall_ms_max              the longest 10 ms timer lateness from the first call
                                    on; loop_stalls_over_50ms counts them (/metrics
                                    histogram, less its count before the first call)
-    loop_busy_stalls_over_50ms     those of them during which the loop's own thread ran
-                                   on a CPU for half the stall and 50 ms or more (code
-                                   blocking the loop)
-    loop_cpu_wait_stalls_over_50ms those during which it sat as long on a run queue (more
-                                   runnable threads than cores: the node's own and the
-                                   callers', which share this machine; see load_1m); the
-                                   rest, neither, are the thread asleep waiting for the GIL
+    loop_busy_stalls_over_50ms     those of them the loop's own thread spent mostly on a
+                                   CPU (the loop's own code, stretched or not by waiting
+                                   for a core)
+    loop_cpu_wait_stalls_over_50ms those it spent mostly on a run queue (more runnable
+                                   threads than cores: the node's own and the callers',
+                                   which share this machine; see load_1m); the rest, mostly
+                                   neither, are the thread asleep waiting for the GIL
+    gc_full_passes, gc_pause_ms_max  the cyclic collector's full passes from the first call
+                                   on, and its longest pass of any generation
+    gc_pauses_over_50ms            collector passes longer than a loop stall (each holds
+                                   the GIL: the loop waits them out)
     startup_loop_stall_ms_max      the same before the first call (the engine loading and
                                    warming up in worker threads, /readyz 503 meanwhile;
                                    the last minute of it), reported apart: no call is up
@@ -193,6 +197,19 @@ def growth_pct(samples: list[dict[str, Any]], key: str) -> Optional[float]:
     return round(100 * (last - first) / first, 2)
 
 
+def collector_figures(startup: dict[str, float], final: dict[str, float]) -> dict[str, float]:
+    """The collector's passes between two scrapes (parley_gc_pause_seconds, gateway/heap.py)."""
+    def since(name: str) -> float:
+        return final.get(name, 0.0) - startup.get(name, 0.0)
+
+    passes = [since(f"parley_gc_pause_seconds_count{{generation={g}}}") for g in range(3)]
+    long = [since(f"parley_gc_pause_seconds_count{{generation={g}}}")
+            - since(f"parley_gc_pause_seconds_bucket{{generation={g},le={STALL_MS / 1000}}}") for g in range(3)]
+    return {"gc_full_passes": passes[2], "gc_passes_all": sum(passes), "gc_pauses_over_50ms": sum(long),
+            "gc_pause_ms_max": round(1000 * max(final.get(f"parley_gc_pause_longest_seconds{{generation={g}}}", 0.0)
+                                                for g in range(3)), 2)}
+
+
 def stalls_over(metrics: dict[str, float], threshold_ms: float) -> float:
     total = metrics.get("parley_event_loop_lag_seconds_count", 0.0)
     under = metrics.get(f"parley_event_loop_lag_seconds_bucket{{le={threshold_ms / 1000}}}", total)
@@ -258,6 +275,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                        - startup.get("parley_event_loop_busy_stalls_total", 0.0)),
         "loop_cpu_wait_stalls_over_50ms": (final.get("parley_event_loop_cpu_wait_stalls_total", 0.0)
                                            - startup.get("parley_event_loop_cpu_wait_stalls_total", 0.0)),
+        **collector_figures(startup, final),
         "startup_loop_stall_ms_max": startup_stall_max,
         "startup_loop_stalls_over_50ms": stalls_over(startup, STALL_MS),
         "load_1m_first_last": [samples[0]["load_1m"], samples[-1]["load_1m"]] if samples else None,

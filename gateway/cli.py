@@ -74,6 +74,8 @@ async def serve(config: config_module.Config) -> None:
     single_threaded_blas()  # numpy's idle BLAS threads spin: on a small node they ate a core's share
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(config)
+    collection = heap.ScheduledCollection()  # heap.tune() left full collector passes to it
+    collection.start()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
@@ -88,6 +90,7 @@ async def serve(config: config_module.Config) -> None:
     await stop.wait()
     app[CALLS_KEY].draining = True
     await runner.cleanup()
+    await collection.stop()
 
 
 def _on_sigterm(registry: CallRegistry, config: config_module.Config, stop: asyncio.Event) -> None:

@@ -1,40 +1,98 @@
 """How a serving node keeps its heap: a bounded set of malloc arenas, free pages handed back,
-and full garbage collections small enough not to stall the event loop.
+and the cyclic garbage collector's full passes made small and frequent, on the event loop.
 
-Measured with 8 redialling callers (bench/soak.py, 7 minutes, idle 2-core Xeon): each ended
-call leaves its object graph (aiortc's peer connection, its packets, Parley's call and
-conversation: ~900 objects) in reference cycles that only the cyclic collector frees. At
-CPython's default thresholds a full pass came every ~80 s and freed ~65k objects at once,
-holding the GIL for 100-160 ms: the soak's longest loop stalls. A full pass after every second
-second-generation pass (every ~15 s here) frees ~12k objects, in 20-25 ms (the longest 48 ms).
+Each ended call leaves its object graph (aiortc's peer connection, its packets, Parley's call
+and conversation: ~900 objects) in reference cycles that only a full collector pass frees, and a
+pass holds the GIL throughout, whichever thread runs it. At CPython's default thresholds a full
+pass came every ~80 s and freed ~65k objects at once, holding the GIL for 100-160 ms (bench/soak.py,
+8 redialling callers): the soak's longest loop stalls. FULL_PASS_EVERY_S below is what replaced
+that; GC_THRESHOLDS keeps CPython's own full passes as a safety net only.
 aiortc starts a decoder thread per call, and glibc gives busy threads arenas of their own (up
-to 8 per core), which fragment. With all three settings the node held ~980 MiB after 7 minutes
-against ~1200 MiB (RSS +3.1 % from the first minute against +5.0 %), and no loop stall passed
-50 ms (6-7 before).
+to 8 per core), which fragment: MALLOC_ARENAS bounds them and the trimmer hands free pages back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import ctypes
 import ctypes.util
 import gc
 import logging
 import threading
 import time
+from typing import Any
+
+from .background import BackgroundTask
 
 log = logging.getLogger("parley.heap")
 
-GC_THRESHOLDS = (700, 10, 1)  # gen0 allocations, gen0 passes per gen1, gen1 passes per full pass
+# gen0 allocations, gen0 passes per gen1, gen1 passes per full pass: CPython's defaults but the
+# last, so that its own full passes (garbage of minutes, at once) wait on the scheduled ones
+GC_THRESHOLDS = (700, 10, 10_000)
+FULL_PASS_EVERY_S = 1.0  # a call or so of garbage a pass at a node's capacity
 MALLOC_ARENAS = 2
 TRIM_EVERY_S = 30.0
 M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 
+GC_PAUSE_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
+
 _trimmer: threading.Thread | None = None
 
 
+class CollectorPauses:
+    """Every pass of the cyclic garbage collector in this process, by generation (0, 1, 2: 2 is
+    a full pass). A pass holds the GIL from start to end on whichever thread ran it, so the
+    event loop cannot run meanwhile: a long one is a loop stall of the GIL kind
+    (gateway/loop_monitor.py). Read by /metrics as parley_gc_pause_seconds."""
+
+    def __init__(self) -> None:
+        slots = len(GC_PAUSE_BUCKETS_S) + 1  # the last slot: longer than every bound (+Inf)
+        self.counts = [[0] * slots for _ in range(3)]  # per generation, per bucket (not cumulative)
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest_s = [0.0, 0.0, 0.0]
+        self.collected = [0, 0, 0]  # objects freed
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        # CPython runs one collection at a time (a second waits for none: it is skipped), and
+        # only this callback writes here: one start time suffices and nothing races.
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+            return
+        pause, generation = now - self._started, info["generation"]
+        self.counts[generation][bisect.bisect_left(GC_PAUSE_BUCKETS_S, pause)] += 1
+        self.seconds[generation] += pause
+        self.longest_s[generation] = max(self.longest_s[generation], pause)
+        self.collected[generation] += info["collected"]
+
+
+PAUSES = CollectorPauses()
+
+
+def watch_collector() -> CollectorPauses:
+    """Time every collector pass from now on (once per process; a few microseconds a pass)."""
+    if PAUSES not in gc.callbacks:
+        gc.callbacks.append(PAUSES)
+    return PAUSES
+
+
+class ScheduledCollection(BackgroundTask):
+    """Full collector passes every FULL_PASS_EVERY_S, from the event loop: each frees the few
+    calls ended since the last, in milliseconds, where one of CPython's own would free minutes'
+    worth at once. Run it where tune() has moved CPython's own full passes out of the way."""
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(FULL_PASS_EVERY_S)
+            gc.collect()
+
+
 def tune() -> None:
-    """Call early in a serving process (before the engine's threads start); again is a no-op
-    for the trimmer, which runs once per process."""
+    """Call early in a serving process (before the engine's threads start), and start a
+    ScheduledCollection on its loop; again is a no-op for the trimmer, which runs once per
+    process."""
     global _trimmer
     gc.set_threshold(*GC_THRESHOLDS)
     libc = _glibc()
@@ -61,3 +119,4 @@ def _trim_forever(libc: ctypes.CDLL) -> None:
     while True:
         time.sleep(TRIM_EVERY_S)
         libc.malloc_trim(0)
+

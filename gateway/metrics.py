@@ -8,10 +8,18 @@ SAMPLE_INTERVAL_S by one task, never per frame on the media path.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+import itertools
+import math
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from . import heap
+from .loop_monitor import PROBE_INTERVAL_S
 
 if TYPE_CHECKING:
     from .call import Call
@@ -22,9 +30,9 @@ SAMPLES_PER_S = 50  # 20 ms frames per second: bounds the pacer samples taken pe
 JITTER_DELAY_BUCKETS_MS = (10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)
 LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
-STALL_MS = 50.0  # a probe this late, with the loop thread on a CPU (or on a run queue) this long and for
-# half of it: the loop's own work made it late (code blocking the loop), or the machine's other threads
-# did (more runnable than cores); a stall that is neither is the thread asleep, waiting for the GIL
+STALL_MS = 50.0  # a probe this late is a stall, counted by where the loop thread spent most of it: on a CPU
+# (busy: the loop's own code, however long it then waited for a core), on a run queue (CPU wait: more
+# runnable threads than cores) or in neither (asleep: waiting for the GIL that another thread holds)
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 # metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
 TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
@@ -38,6 +46,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
+        self.registry.register(CollectorPauseMetrics(heap.watch_collector()))
         r = self.registry
         self.active_sessions = Gauge("parley_active_sessions", "Live calls plus slots being set up", registry=r)
         self.draining = Gauge("parley_draining", "1 while the node drains after SIGTERM", registry=r)
@@ -56,14 +65,13 @@ class Metrics:
         self.loop_lag = Histogram("parley_event_loop_lag_seconds", "How late a 10 ms event-loop timer wakes",
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
         self.loop_busy_stalls = Counter("parley_event_loop_busy_stalls", "10 ms event-loop probes late by over "
-                                        "50 ms while the loop's own thread ran on a CPU for half of it and 50 ms or more "
-                                        "(code blocking the loop; a stall without that is the process waiting for a "
-                                        "CPU or the GIL)",
+                                        "50 ms that the loop's own thread spent mostly on a CPU (code blocking the loop); "
+                                        "the rest spent mostly waiting for a CPU (cpu_wait_stalls) or neither "
+                                        "(asleep, waiting for the GIL)",
                                         registry=r)
         self.loop_cpu_wait_stalls = Counter("parley_event_loop_cpu_wait_stalls", "10 ms event-loop probes late "
-                                            "by over 50 ms while the loop's thread sat runnable on a run queue "
-                                            "for half of it and 50 ms or more (more runnable threads than cores; "
-                                            "a stall neither busy nor this is the thread waiting for the GIL)",
+                                            "by over 50 ms that the loop's thread spent mostly runnable on a run "
+                                            "queue (more runnable threads than cores)",
                                             registry=r)
         self.loop_tasks = Gauge("parley_event_loop_tasks", "asyncio tasks alive on the event loop (with no "
                                 "calls up it should come back to its idle level; growth is a leak)", registry=r)
@@ -132,17 +140,52 @@ class Metrics:
             self.sample_call(call)
         for lag_ms in loop_lags_ms:
             self.loop_lag.observe(lag_ms / 1000.0)
-        busy = sum(map(_stall_spent, loop_lags_ms, loop_busy_ms))
-        if busy:
+        causes = [_stall_cause(*probe) for probe in zip(loop_lags_ms, _or_nan(loop_busy_ms, loop_lags_ms),
+                                                       _or_nan(loop_queued_ms, loop_lags_ms))]
+        if busy := causes.count("busy"):
             self.loop_busy_stalls.inc(busy)
-        queued = sum(map(_stall_spent, loop_lags_ms, loop_queued_ms))
-        if queued:
+        if queued := causes.count("cpu_wait"):
             self.loop_cpu_wait_stalls.inc(queued)
 
 
-def _stall_spent(lag_ms: float, spent_ms: float) -> bool:
-    """A probe late by over STALL_MS that spent STALL_MS and half its time in one state (nan: never)."""
-    return lag_ms > STALL_MS and spent_ms >= max(STALL_MS, (lag_ms + 10.0) / 2)
+class CollectorPauseMetrics(Collector):
+    """The process's garbage-collector passes (gateway/heap.py), read when scraped: a process-wide
+    figure, like ProcessCollector's, so every app in a process reports the same one."""
+
+    def __init__(self, pauses: heap.CollectorPauses) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        pauses = self.pauses
+        histogram = HistogramMetricFamily("parley_gc_pause_seconds", "Cyclic garbage-collector passes by "
+                                          "generation (2: full), on any thread; each holds the GIL, so the event "
+                                          "loop waits it out", labels=["generation"])
+        longest = GaugeMetricFamily("parley_gc_pause_longest_seconds", "The longest collector pass since the "
+                                    "process started, by generation", labels=["generation"])
+        collected = GaugeMetricFamily("parley_gc_collected_objects", "Objects the collector freed (reference "
+                                      "cycles) since the process started, by generation", labels=["generation"])
+        for generation in range(3):
+            label = [str(generation)]
+            cumulative = list(itertools.accumulate(pauses.counts[generation]))
+            bounds = [floatToGoString(b) for b in heap.GC_PAUSE_BUCKETS_S] + ["+Inf"]
+            histogram.add_metric(label, list(zip(bounds, cumulative)), pauses.seconds[generation])
+            longest.add_metric(label, pauses.longest_s[generation])
+            collected.add_metric(label, pauses.collected[generation])
+        yield from (histogram, longest, collected)
+
+
+def _or_nan(spent_ms: Sequence[float], lags_ms: Sequence[float]) -> Sequence[float]:
+    return spent_ms if spent_ms else [math.nan] * len(lags_ms)
+
+
+def _stall_cause(lag_ms: float, busy_ms: float, queued_ms: float) -> str | None:
+    """None for a probe on time; else "busy", "cpu_wait" or "asleep", whichever took the largest
+    share of the probe (its interval and its lag; an unknown share, nan, counts as none)."""
+    if not lag_ms > STALL_MS:
+        return None
+    busy, queued = (0.0 if math.isnan(ms) else ms for ms in (busy_ms, queued_ms))
+    asleep = lag_ms + PROBE_INTERVAL_S * 1000.0 - busy - queued
+    return max((busy, "busy"), (queued, "cpu_wait"), (asleep, "asleep"))[1]
 
 
 async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "LoopLagMonitor") -> None:

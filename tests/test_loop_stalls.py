@@ -131,17 +131,21 @@ async def test_a_stall_counts_as_busy_only_when_the_loop_thread_ran():
 
 
 def test_stalls_are_told_apart_by_where_the_loop_thread_spent_them():
-    """Each late probe counts by where its time went: on a CPU (busy), on a run queue (CPU wait),
-    or neither (asleep on the GIL: counted by neither counter)."""
+    """Each late probe counts by where most of its time went: on a CPU (busy), on a run queue
+    (CPU wait), or neither (asleep on the GIL: counted by neither counter). The loop's own work
+    stretched by waiting for a core is busy: no share alone need reach 50 ms."""
     from gateway.metrics import Metrics
 
     metrics = Metrics()
-    lags = [120.0, 120.0, 120.0, 120.0, 30.0]
-    on_cpu = [100.0, 5.0, 5.0, 5.0, 30.0]
-    on_run_queue = [5.0, 100.0, 5.0, float("nan"), 30.0]
+    lags = [120.0, 120.0, 120.0, 120.0, 30.0, 60.0, 60.0]
+    on_cpu = [100.0, 5.0, 5.0, 5.0, 30.0, 38.0, 20.0]
+    on_run_queue = [5.0, 100.0, 5.0, float("nan"), 30.0, 25.0, 38.0]
     metrics.sample([], lags, on_cpu, on_run_queue)
-    assert metrics.loop_busy_stalls._value.get() == 1
-    assert metrics.loop_cpu_wait_stalls._value.get() == 1
+    assert metrics.loop_busy_stalls._value.get() == 2
+    assert metrics.loop_cpu_wait_stalls._value.get() == 2
+    metrics.sample([], [200.0], [], [])  # no thread figures at all: asleep, as far as anyone can tell
+    assert metrics.loop_busy_stalls._value.get() == 2
+    assert metrics.loop_cpu_wait_stalls._value.get() == 2
 
 
 async def test_a_loop_sharing_its_cpu_with_busy_processes_counts_a_cpu_wait_stall():
