@@ -27,7 +27,7 @@ from engine import single_threaded_blas
 from . import config as config_module
 from . import heap, logs
 from . import replay as replay_module
-from .app import CALLS_KEY, create_app
+from .app import CALLS_KEY, WARMUP_KEY, create_app
 from .registry import CallRegistry
 from .ice import use_host_addresses
 
@@ -74,7 +74,8 @@ async def serve(config: config_module.Config) -> None:
     single_threaded_blas()  # numpy's idle BLAS threads spin: on a small node they ate a core's share
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = create_app(config)
-    collection = heap.ScheduledCollection()  # heap.tune() left full collector passes to it
+    # heap.tune() left full collector passes to it; they begin once the engine is loaded and frozen
+    collection = heap.ScheduledCollection(warm=app[WARMUP_KEY].done)
     collection.start()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

@@ -81,9 +81,18 @@ def watch_collector() -> CollectorPauses:
 class ScheduledCollection(BackgroundTask):
     """Full collector passes every FULL_PASS_EVERY_S, from the event loop: each frees the few
     calls ended since the last, in milliseconds, where one of CPython's own would free minutes'
-    worth at once. Run it where tune() has moved CPython's own full passes out of the way."""
+    worth at once. Run it where tune() has moved CPython's own full passes out of the way.
+
+    Passes begin once `warm` is set: while the engine loads, the heap it builds is not yet
+    frozen (engine/runtime/loop.py), and a pass a second over it took 100-115 ms each."""
+
+    def __init__(self, warm: asyncio.Event | None = None) -> None:
+        super().__init__()
+        self.warm = warm
 
     async def _run(self) -> None:
+        if self.warm is not None:
+            await self.warm.wait()
         while True:
             await asyncio.sleep(FULL_PASS_EVERY_S)
             gc.collect()
