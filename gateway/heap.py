@@ -84,7 +84,7 @@ class ScheduledCollection(BackgroundTask):
     worth at once. Run it where tune() has moved CPython's own full passes out of the way.
 
     Passes begin once `warm` is set: while the engine loads, the heap it builds is not yet
-    frozen (engine/runtime/loop.py), and a pass a second over it took 100-115 ms each."""
+    frozen (engine/runtime/loop.py), and a pass a second over it took 52-116 ms each."""
 
     def __init__(self, warm: asyncio.Event | None = None) -> None:
         super().__init__()

@@ -64,9 +64,8 @@ async def test_the_scheduled_collection_frees_cycles_and_every_pass_is_timed():
     assert 0 < pauses.longest_s[2] <= pauses.seconds[2]
 
 
-
 async def test_the_scheduled_collection_waits_for_the_warm_up():
-    gc.disable()  # CPython's own passes (a young cycle goes in a gen-0 one) would blur what is timed
+    gc.disable()  # CPython's own passes would free the young cycle too (a gen-0 pass), warm or not
     gc.freeze()
     warm = asyncio.Event()
     collection = heap.ScheduledCollection(warm=warm)
@@ -82,6 +81,7 @@ async def test_the_scheduled_collection_waits_for_the_warm_up():
         await collection.stop()
         gc.unfreeze()
         gc.enable()
+
 
 def test_collector_passes_reach_metrics():
     from gateway.metrics import Metrics
