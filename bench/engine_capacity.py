@@ -67,7 +67,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -108,8 +108,8 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def percentile_ms(values: list[float], q: float) -> Optional[float]:
-    return round(float(np.percentile(values, q)) * 1000, 2) if values else None
+def percentile_ms(values: Sequence[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(values, q)) * 1000, 2) if len(values) else None
 
 
 # -- audio --------------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
     row = {
         "n": n, "seconds": round(wall, 2), "frames": counters["frames"],
         "lag_ms_p50": percentile_ms(lags, 50), "lag_ms_p95": lag_p95,
-        "lag_ms_max": round(max(lags) * 1000, 2) if lags else None,
+        "lag_ms_max": round(float(np.max(lags)) * 1000, 2) if len(lags) else None,
         "behind_ms_end": round(behind * 1000, 1),
         "tick_ms_p50": stats.tick_ms_p50, "tick_ms_p99": stats.tick_ms_p99,
         "ticks": stats.ticks, "late_ticks": stats.late_ticks,
@@ -298,7 +298,7 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
         row.update(reading_figures(worker, readings_start, (wall_start, wall_start + wall), feeder.clocks, sources))
     words_ok = gap_s == 0 or (row["turn_end_ms_p95"] is not None and row["turn_end_ms_p95"] <= TURN_END_BUDGET_S * 1000
                               and row["turns_missed"] == 0)
-    speech_ok = not speakers or (bool(ttfas) and row["ttfa_ms_p95"] <= TTFA_BUDGET_S * 1000
+    speech_ok = not speakers or (len(ttfas) > 0 and row["ttfa_ms_p95"] <= TTFA_BUDGET_S * 1000
                                  and row["late_audio_chunks"] == 0)
     listening_ok = not streams or (lag_p95 is not None and lag_p95 <= LAG_BUDGET_S * 1000 and behind <= LAG_BUDGET_S)
     row["within_budget"] = failed == 0 and listening_ok and speech_ok and words_ok

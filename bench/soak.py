@@ -20,7 +20,9 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    keeps a hung-up caller's session (its history, for
                                    resuming) --session-ttl-s, 120 s here against 3600 s
                                    served: kept sessions are what it was told to keep,
-                                   not growth
+                                   not growth. engine_rss_growth_pct: the same for the
+                                   engine's process (--engine-process; null with the
+                                   engine inside the node)
     task_leak                      tasks with no call up after the run, minus before it.
                                    Both counts are taken with no idle HTTP connection of
                                    the soak's own open (the callers' client session is
@@ -39,11 +41,22 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
     loop_cpu_wait_stalls_over_50ms those it spent mostly on a run queue (more runnable
                                    threads than cores: the node's own and the callers',
                                    which share this machine; see load_1m); the rest, mostly
-                                   neither, are the thread asleep waiting for the GIL
+                                   neither, are the thread asleep waiting for the GIL or a
+                                   lock, or its virtual CPU taken by the host (see
+                                   cpu_pct.machine_steal)
     gc_full_passes, gc_pause_ms_max  the cyclic collector's full passes from the first call
                                    on, and its longest pass of any generation
     gc_pauses_over_50ms            collector passes longer than a loop stall (each holds
                                    the GIL: the loop waits them out)
+    cpu_pct                        CPU used while calls were up, in % of one core: the node's
+                                   process (node), its main thread, which runs the event
+                                   loop (node_loop), its engine process (engine_process:
+                                   0 with the engine in the node's own process), and this
+                                   process's callers (callers), which share the machine's
+                                   cores with the node; machine_steal is the % of all CPU
+                                   time the virtual machine's host took (/proc/stat steal):
+                                   the loop cannot run then, and a stall it makes counts as
+                                   neither busy nor CPU wait
     startup_loop_stall_ms_max      the same before the first call (the engine loading and
                                    warming up in worker threads, /readyz 503 meanwhile;
                                    the last minute of it), reported apart: no call is up
@@ -88,10 +101,43 @@ STALL_MS = 50.0
 SPEECH_EVERY_S = 12.0  # a light caller loops its audio: one utterance per this period
 
 
-def proc_figures(pid: int) -> dict[str, float]:
+def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
-        rss_kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-    return {"rss_mib": round(rss_kib / 1024, 1), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+        return round(next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024, 1)
+
+
+def proc_figures(pid: int) -> dict[str, float]:
+    """The node's RSS and open fds, and its engine process's RSS (0 with the engine inside)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        engine = sum(rss_mib(int(child)) for child in children.read().split())
+    return {"rss_mib": rss_mib(pid), "engine_rss_mib": engine, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far: the node's process, its main (event-loop) thread, its engine
+    process (engine_process, a child of the node), and this process."""
+    def from_stat(path: str) -> float:
+        with open(path) as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        engine = sum(from_stat(f"/proc/{child}/stat") for child in children.read().split())
+    own = os.times()
+    return {"node": from_stat(f"/proc/{pid}/stat"), "node_loop": from_stat(f"/proc/{pid}/task/{pid}/stat"),
+            "engine_process": engine, "callers": own.user + own.system}
+
+
+def cpu_pct(start: dict[str, float], end: dict[str, float], seconds: float) -> dict[str, float]:
+    return {name: round(100 * (end[name] - start[name]) / seconds, 1) for name in start}
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(all, stolen) CPU ticks of the machine so far (/proc/stat): a virtual machine's steal is
+    time its host ran something else on our CPUs."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:9]]
+    return sum(fields), fields[7]
 
 
 class Tally:
@@ -223,6 +269,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     proc, url = await start_server("--mode", "conversation", "--responder", "echo", "--stt-model", args.stt_model,
                                    "--engine-threads", "1", "--idle-prompt-s", "60",
                                    "--resume-token-ttl-s", str(args.session_ttl_s),
+                                   "--engine-process", "true" if args.engine_process else "false",
                                    env={"PARLEY_LOG_LEVEL": args.server_log_level},
                                    log_path=args.server_log)
     tally = Tally()
@@ -237,6 +284,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             startup_stall_max = await loop_stall_max(http, url, 60.0)
             calls_http = aiohttp.ClientSession()
             started = time.monotonic()
+            cpu_start, ticks_start = cpu_seconds(proc.pid), machine_ticks()
             deadline = started + args.minutes * 60
             # Callers start a little apart, each with its own utterance and phase.
             loops = []
@@ -255,6 +303,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{row['t_s']:.0f} s: {row['live_calls']:.0f} calls, RSS {row['rss_mib']} MiB, "
                       f"{row['fds']} fds, {row['tasks']:.0f} tasks, stall max {row['loop_stall_ms_max']} ms, "
                       f"{tally.turns} turns, {len(tally.failures)} failures", file=sys.stderr)
+            cpu = cpu_pct(cpu_start, cpu_seconds(proc.pid), time.monotonic() - started)
+            ticks_end = machine_ticks()
+            cpu["machine_steal"] = round(100 * (ticks_end[1] - ticks_start[1]) / max(1, ticks_end[0] - ticks_start[0]), 1)
             await asyncio.gather(*loops)
             await calls_http.close()  # its keep-alive connections end, and their tasks on the node
             tasks_after = await idle_tasks(http, url)
@@ -268,6 +319,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "calls_placed": tally.calls, "turns_completed": tally.turns, "refused_503_429": tally.refused,
         "failed_calls": len(tally.failures), "failures": tally.failures[:10],
         "rss_growth_pct": growth_pct(samples, "rss_mib"), "fd_growth_pct": growth_pct(samples, "fds"),
+        "engine_rss_growth_pct": (growth_pct(samples, "engine_rss_mib")
+                                  if samples and samples[0]["engine_rss_mib"] else None),
         "rss_mib_first_last": [samples[0]["rss_mib"], samples[-1]["rss_mib"]] if samples else None,
         "loop_stall_ms_max": stall_max,
         "loop_stalls_over_50ms": stalls_over(final, STALL_MS) - stalls_over(startup, STALL_MS),
@@ -276,6 +329,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_cpu_wait_stalls_over_50ms": (final.get("parley_event_loop_cpu_wait_stalls_total", 0.0)
                                            - startup.get("parley_event_loop_cpu_wait_stalls_total", 0.0)),
         **collector_figures(startup, final),
+        "cpu_pct": cpu,
         "startup_loop_stall_ms_max": startup_stall_max,
         "startup_loop_stalls_over_50ms": stalls_over(startup, STALL_MS),
         "load_1m_first_last": [samples[0]["load_1m"], samples[-1]["load_1m"]] if samples else None,
@@ -283,6 +337,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "task_leak": tasks_after - tasks_before, "fds_idle_before": fds_before, "fds_idle_after": fds_after,
         "samples": samples,
         "settings": {"stt_model": args.stt_model, "responder": "echo", "sample_s": args.sample_s,
+                     "engine_process": args.engine_process,
                      "session_ttl_s": args.session_ttl_s},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
@@ -299,6 +354,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="how long the node keeps a hung-up caller's session for resuming (its "
                              "resume_token_ttl_s; served default 3600): what a node is told to keep is not "
                              "growth, so the soak keeps it short")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="the node's engine in a child process (its engine_process setting; default: inside it)")
     parser.add_argument("--server-log", help="write the node's log (stderr) to this file")
     parser.add_argument("--server-log-level", default="error", help="the node's PARLEY_LOG_LEVEL")
     parser.add_argument("--client-log-level", default="warning", help="the callers' log level (aiortc, aioice), on stderr")
@@ -309,7 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     result = asyncio.run(run(args))
     print(json.dumps(result, indent=2))
     ok = (result["failed_calls"] == 0 and result["task_leak"] <= 0 and result["loop_stall_ms_max"] <= STALL_MS
-          and all(g is not None and g <= 5 for g in (result["rss_growth_pct"], result["fd_growth_pct"])))
+          and all(g is not None and g <= 5 for g in (result["rss_growth_pct"], result["fd_growth_pct"]))
+          and (result["engine_rss_growth_pct"] or 0) <= 5)
     return 0 if ok else 1
 
 

@@ -22,6 +22,7 @@ from .interface import (
     WordMark,
 )
 from .blas import single_threaded_blas
+from .process import EngineProcess
 from .models import DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, TURN_CUES
 
 # The batched runtime pulls in torch: loaded on first use, so `import engine` stays light.
@@ -31,7 +32,7 @@ __all__ = [
     "STT_SAMPLE_RATE", "Audio", "CapacityError", "EndOfTurn", "Engine", "EngineStats", "Final", "Partial",
     "SpeechLikely", "SpeechStart", "StreamFailed", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
     "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", "DEFAULT_TURN_CUES", "TURN_CUES",
-    *_RUNTIME_EXPORTS, "say",
+    *_RUNTIME_EXPORTS, "EngineProcess", "say",
     "load_ssm_model", "ssm_recognizer", "use_threads", "single_threaded_blas",
 ]
 

@@ -206,7 +206,7 @@ class Call:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        await self.playout.stop()
+        await self.playout.detach()
         self.mode.close()
         self.pacer.stop()
         try:

@@ -1,8 +1,10 @@
 """The speech engine inside the gateway: built and warmed up at start, asked before a call
 is admitted, scraped for /metrics, closed at shutdown.
 
-The engine (engine.SpeechEngine) runs its batched tick loop on its own thread; nothing
-here blocks the event loop (loading and warm-up run in a worker thread). Only the engine
+The engine (engine.SpeechEngine) runs its batched tick loop on its own threads, in this
+process or, with config engine_process, in a child process of its own (engine.EngineProcess:
+its threads then share no GIL with the calls' event loop); nothing here blocks the event
+loop (loading and warm-up run in a worker thread or in that process). Only the engine
 contract (engine.interface.Engine) is used here.
 """
 
@@ -31,21 +33,28 @@ class EngineHost:
 
     async def warm_up(self) -> None:
         """Load the weights (unless given an engine), warm up on the device, start the loop."""
-        if self.engine is None:
-            self.engine = await asyncio.to_thread(self._build)
-        await asyncio.to_thread(self.engine.start)
+        if self.engine is None and self.config.engine_process:
+            process = engine.EngineProcess(self._options())
+            await process.launch()
+            self.engine = process
+        else:
+            if self.engine is None:
+                self.engine = await asyncio.to_thread(lambda: engine.SpeechEngine(**self._options(paths=Path)))
+            await asyncio.to_thread(self.engine.start)
         stats = self.engine.stats()
-        log.info("engine ready", extra={"device": self.engine.device, "max_streams": stats.max_streams})
+        log.info("engine ready", extra={"device": self.engine.device, "max_streams": stats.max_streams,
+                                        "process": getattr(self.engine, "pid", None)})
 
-    def _build(self) -> Engine:
-        weights = Path(self.config.stt_weights) if self.config.stt_weights else None
-        tts_weights = Path(self.config.tts_weights) if self.config.tts_weights else None
-        return engine.SpeechEngine(self.config.stt_model, weights_path=weights, readers=self.config.stt_readers,
-                                   turn_cues=self.config.turn_cues,
-                                   with_tts=self.config.mode == "conversation",
-                                   tts_weights_path=tts_weights, max_streams=self.config.engine_max_streams,
-                                   device=self.config.engine_device, num_threads=self.config.engine_threads or None,
-                                   turn_end_probability=self.config.turn_end_probability or None)
+    def _options(self, paths: Any = str) -> dict[str, Any]:
+        """SpeechEngine's keyword arguments from the config (`paths`: how weight paths are given)."""
+        config = self.config
+        return dict(stt_model=config.stt_model, readers=config.stt_readers, turn_cues=config.turn_cues,
+                    weights_path=paths(config.stt_weights) if config.stt_weights else None,
+                    with_tts=config.mode == "conversation",
+                    tts_weights_path=paths(config.tts_weights) if config.tts_weights else None,
+                    max_streams=config.engine_max_streams, device=config.engine_device,
+                    num_threads=config.engine_threads or None,
+                    turn_end_probability=config.turn_end_probability or None)
 
     @property
     def ready(self) -> bool:
@@ -64,14 +73,21 @@ class EngineHost:
         return self.engine.open_tts(session_id, voice)
 
     async def close(self) -> None:
-        if self.engine is not None:
+        if isinstance(self.engine, engine.EngineProcess):
+            await self.engine.aclose()
+        elif self.engine is not None:
             await asyncio.to_thread(self.engine.close)
 
     def collect(self) -> Iterator[Any]:
         """Prometheus collector: tick time, batch size, lag and streams of the engine loop."""
         if self.engine is None:
             return
+        if isinstance(self.engine, engine.EngineProcess):
+            yield CounterMetricFamily("parley_engine_restarts", "Engine processes started again after one died",
+                                      value=self.engine.restarts)
         stats = self.engine.stats()
+        if stats is None:
+            return
         ticks = HistogramMetricFamily("parley_engine_tick_seconds", "Duration of one batched engine tick")
         ticks.add_metric([], [(_bound(upper), count) for upper, count in stats.tick_histogram],
                          sum_value=stats.tick_seconds_sum)

@@ -32,7 +32,8 @@ LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 STALL_MS = 50.0  # a probe this late is a stall, counted by where the loop thread spent most of it: on a CPU
 # (busy: the loop's own code, however long it then waited for a core), on a run queue (CPU wait: more
-# runnable threads than cores) or in neither (asleep: waiting for the GIL that another thread holds)
+# runnable threads than cores) or in neither (asleep: waiting for the GIL that another thread holds or
+# a lock, or on a virtual machine its CPU taken by the host: steal time shows as neither)
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 # metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
 TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
@@ -67,7 +68,7 @@ class Metrics:
         self.loop_busy_stalls = Counter("parley_event_loop_busy_stalls", "10 ms event-loop probes late by over "
                                         "50 ms that the loop's own thread spent mostly on a CPU (code blocking the loop); "
                                         "the rest spent mostly waiting for a CPU (cpu_wait_stalls) or neither "
-                                        "(asleep, waiting for the GIL)",
+                                        "(asleep: waiting for the GIL or a lock, or a virtual CPU taken by its host)",
                                         registry=r)
         self.loop_cpu_wait_stalls = Counter("parley_event_loop_cpu_wait_stalls", "10 ms event-loop probes late "
                                             "by over 50 ms that the loop's thread spent mostly runnable on a run "

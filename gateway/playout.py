@@ -53,6 +53,19 @@ def attach_to_receiver(receiver: Any, buffer: JitterBuffer,
     return hook
 
 
+async def stop_idle_decoder(receiver: Any) -> None:
+    """Stop an attached receiver's decoder thread from a worker thread (aiortc 1.16 internals).
+
+    The thread never gets a frame (the hook takes every packet), but RTCRtpReceiver.stop()
+    joins it on the event loop: at hang-up the loop then waited until the thread had woken
+    and won the GIL back from the engine's threads, a sixth of the HTTP handlers' time in a
+    soak. Once joined here, stop() finds no thread left to join.
+    """
+    stop = getattr(receiver, "_RTCRtpReceiver__stop_decoder", None)
+    if stop is not None:
+        await asyncio.to_thread(stop)
+
+
 class Playout(BackgroundTask):
     """Pulls the jitter buffer every 20 ms and delivers frames to a sink, drift-free."""
 
@@ -65,9 +78,17 @@ class Playout(BackgroundTask):
         self.frames_delivered = 0
         self.catch_up_frames = 0
         self._hook: Optional[_ReceiverHook] = None
+        self._receiver: Any = None
 
     def attach(self, receiver: Any) -> None:
         self._hook = attach_to_receiver(receiver, self.buffer, self._clock)
+        self._receiver = receiver
+
+    async def detach(self) -> None:
+        """Stop the playout and, off the event loop, the attached receiver's decoder thread."""
+        await self.stop()
+        if self._receiver is not None:
+            await stop_idle_decoder(self._receiver)
 
     def attach_source(self) -> _ReceiverHook:
         """A packet sink for RTP that does not come through aiortc (the SIP bridge's own

@@ -1,6 +1,7 @@
 import asyncio
 import gc
 import threading
+import time
 import weakref
 
 from gateway import heap
@@ -81,6 +82,29 @@ async def test_the_scheduled_collection_waits_for_the_warm_up():
         await collection.stop()
         gc.unfreeze()
         gc.enable()
+
+
+async def test_once_warm_the_heap_so_far_is_frozen_out_of_the_passes():
+    """A full pass a second over the gateway's own modules (the engine in a process of its own)
+    stalled the loop: what is loaded by the warm-up's end is frozen, later garbage still freed."""
+    warm = asyncio.Event()
+    warm.set()
+    long_lived = [[] for _ in range(5000)]  # tracked by the collector, alive for good
+    frozen_before = gc.get_freeze_count()
+    collection = heap.ScheduledCollection(warm=warm)
+    try:
+        collection.start()
+        deadline = time.monotonic() + 10 * heap.FULL_PASS_EVERY_S
+        while gc.get_freeze_count() < frozen_before + len(long_lived) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert gc.get_freeze_count() >= frozen_before + len(long_lived), "the warm heap was not frozen"
+        cycle = _cycle()
+        await _until_freed(cycle)
+        assert cycle() is None, "garbage made after the freeze was never freed"
+    finally:
+        await collection.stop()
+        gc.unfreeze()
+    del long_lived
 
 
 def test_collector_passes_reach_metrics():

@@ -99,6 +99,32 @@ async def test_a_hung_up_call_leaves_no_task_behind(start_gateway, http):
     assert not gateway.registry.calls
 
 
+async def test_hanging_up_joins_aiortcs_idle_decoder_thread_off_the_loop(start_gateway, http, monkeypatch):
+    """RTCRtpReceiver.stop() joins its decoder thread where it runs: at hang-up that wait (for
+    the thread to win the GIL back from the engine's) was the event loop's."""
+    import threading
+
+    joins: list[bool] = []  # per join of the gateway's decoder thread: was it on the loop's thread?
+    loop_thread, join = threading.current_thread(), threading.Thread.join
+    gateway = await start_gateway(echo_delay_ms=100)
+    caller = Caller(gateway.url, np.zeros(RATE, dtype=np.float32))
+    await caller.call(http)
+    await caller.wait_connected()
+    [call] = gateway.registry.calls.values()
+    [decoder] = [receiver._RTCRtpReceiver__decoder_thread for receiver in call.pc.getReceivers()]
+
+    def watched_join(thread: threading.Thread, timeout=None) -> None:
+        if thread is decoder:
+            joins.append(threading.current_thread() is loop_thread)
+        join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", watched_join)
+    assert await caller.hang_up(http) == 204
+    await call.closed.wait()
+    assert joins == [False], f"the decoder thread's joins, on the loop (True) or off it: {joins}"
+    assert not decoder.is_alive()
+
+
 async def test_a_stall_counts_as_busy_only_when_the_loop_thread_ran():
     """parley_event_loop_busy_stalls tells code blocking the loop (its thread on a CPU) from a
     process that waited (for a CPU on a busy machine, or for the GIL): both are late timers."""

@@ -19,6 +19,7 @@ from engine import weights
 from engine.runtime import stt_stream
 from engine.priority import ENGINE_NICE, native_threads, thread_nice
 from engine.interface import Engine, EndOfTurn, Final, Partial, SpeechLikely, SpeechStart, SttStream
+from engine.runtime.loop import RecentValues
 from engine.runtime import (BUSY_WINDOW_S, EARLY_TICK_BUSY, CapacityError, Runtime, SpeechEngine, StreamFailed,
                             frame_end_sample)
 from engine.stt import END_OF_TURN, SHIPPED, Recognizer, StreamDecoder, SttConfig, SttModel, load_model
@@ -308,6 +309,20 @@ def test_admission_refuses_when_every_slot_is_taken():
     assert runtime.admission()[0] is False
     stream.close()
     assert runtime.admission() == (True, 0.0)
+
+
+def test_recent_values_keep_the_newest_in_order_across_the_ring_end():
+    recent = RecentValues(5)
+    assert len(recent) == 0 and recent.values().size == 0
+    recent.extend([1, 2, 3])
+    recent.extend([4, 5, 6, 7])  # wraps
+    assert recent.values().tolist() == [3, 4, 5, 6, 7]
+    recent.append(8)
+    recent.extend(range(20))  # more than the ring holds: the newest five
+    assert recent.values().tolist() == [15, 16, 17, 18, 19] and len(recent) == 5
+    held = recent.values()
+    recent.append(99)
+    assert held.tolist() == [15, 16, 17, 18, 19]  # a snapshot is a copy
 
 
 async def test_engine_thread_delivers_events_and_stops_cleanly():
