@@ -40,10 +40,11 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    for a core)
     loop_cpu_wait_stalls_over_50ms those it spent mostly on a run queue (more runnable
                                    threads than cores: the node's own and the callers',
-                                   which share this machine; see load_1m); the rest, mostly
-                                   neither, are the thread asleep waiting for the GIL or a
-                                   lock, or its virtual CPU taken by the host (see
-                                   cpu_pct.machine_steal)
+                                   which share this machine; see load_1m)
+    loop_steal_stalls_over_50ms    those it lost mostly to the virtual machine's host (steal
+                                   on the loop thread's CPU, /proc/stat; see
+                                   cpu_pct.machine_steal); the rest are the thread asleep,
+                                   waiting for the GIL or a lock
     gc_full_passes, gc_pause_ms_max  the cyclic collector's full passes from the first call
                                    on, and its longest pass of any generation
     gc_pauses_over_50ms            collector passes longer than a loop stall (each holds
@@ -55,8 +56,8 @@ since the last sample from GET /debug/timing, and the machine's 1-minute load av
                                    process's callers (callers), which share the machine's
                                    cores with the node; machine_steal is the % of all CPU
                                    time the virtual machine's host took (/proc/stat steal):
-                                   the loop cannot run then, and a stall it makes counts as
-                                   neither busy nor CPU wait
+                                   the loop cannot run then (a stall it makes counts as
+                                   steal)
     startup_loop_stall_ms_max      the same before the first call (the engine loading and
                                    warming up in worker threads, /readyz 503 meanwhile;
                                    the last minute of it), reported apart: no call is up
@@ -328,6 +329,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                        - startup.get("parley_event_loop_busy_stalls_total", 0.0)),
         "loop_cpu_wait_stalls_over_50ms": (final.get("parley_event_loop_cpu_wait_stalls_total", 0.0)
                                            - startup.get("parley_event_loop_cpu_wait_stalls_total", 0.0)),
+        "loop_steal_stalls_over_50ms": (final.get("parley_event_loop_steal_stalls_total", 0.0)
+                                        - startup.get("parley_event_loop_steal_stalls_total", 0.0)),
         **collector_figures(startup, final),
         "cpu_pct": cpu,
         "startup_loop_stall_ms_max": startup_stall_max,

@@ -3,13 +3,15 @@
 Each probe also records how much CPU the loop's own thread used meanwhile, and (on Linux,
 from /proc/thread-self/schedstat) how long it sat runnable on a run queue with no CPU. A long
 stall with the thread on a CPU is code blocking the loop; one spent on a run queue is a
-machine with more runnable threads than cores; one spent in neither is the thread asleep,
-waiting for the GIL that another thread holds (or for a lock), or on a virtual machine, its
-CPU taken by the host (steal time is neither the thread's CPU time nor run-queue wait)."""
+machine with more runnable threads than cores. On a virtual machine the host may take a
+virtual CPU away (steal time, which is neither the thread's CPU time nor run-queue wait), so
+each probe also reads the steal of the CPUs the thread was on (/proc/stat). What is left is
+the thread asleep, waiting for the GIL that another thread holds, or for a lock."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import math
 import os
 import time
@@ -24,6 +26,9 @@ PROBE_INTERVAL_S = 0.01  # sample lag 100 times a second: a stall shows in many 
 WINDOW = 6000  # one minute of samples
 SUMMARY_MAX_AGE_S = 0.5  # summary() answers from a copy this recent
 SCHEDSTAT = "/proc/thread-self/schedstat"  # "<ns on a CPU> <ns waiting on a run queue> <slices>"
+STAT = "/proc/stat"  # a row per CPU, "cpuN user nice system idle iowait irq softirq steal ...", in clock ticks
+STEAL_FIELD = 8
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
 class LoopLagMonitor(BackgroundTask):
@@ -31,13 +36,16 @@ class LoopLagMonitor(BackgroundTask):
         self._lags_ms: Deque[float] = deque(maxlen=WINDOW)
         self._busy_ms: Deque[float] = deque(maxlen=WINDOW)  # the loop thread's CPU time over each probe
         self._queued_ms: Deque[float] = deque(maxlen=WINDOW)  # its run-queue wait over each (nan: unknown)
+        self._stolen_ms: Deque[float] = deque(maxlen=WINDOW)  # its CPU's steal over each (nan: unknown)
         self._ends: Deque[float] = deque(maxlen=WINDOW)  # when each probe woke (monotonic)
         self.probes = 0  # probes taken since start (lets a reader take only the new ones)
         self._summary: Optional[dict[str, float]] = None
         self._summary_at = 0.0
 
     async def _run(self) -> None:
-        schedstat = _open_schedstat()  # opened on the loop's thread: it names that thread
+        schedstat = _open_proc(SCHEDSTAT)  # opened on the loop's thread: it names that thread
+        stat = _open_proc(STAT)
+        stat_then, cpu_then = _read(stat), current_cpu()
         try:
             while True:
                 start, cpu, queued = time.monotonic(), time.thread_time(), _queued_s(schedstat)
@@ -45,12 +53,16 @@ class LoopLagMonitor(BackgroundTask):
                 end = time.monotonic()
                 self._busy_ms.append((time.thread_time() - cpu) * 1000.0)
                 self._queued_ms.append((_queued_s(schedstat) - queued) * 1000.0)
+                stat_now, cpu_now = _read(stat), current_cpu()
+                self._stolen_ms.append(stolen_s(stat_then, stat_now, {cpu_then, cpu_now}) * 1000.0)
+                stat_then, cpu_then = stat_now, cpu_now
                 self._ends.append(end)
                 self._lags_ms.append(max(0.0, (end - start - PROBE_INTERVAL_S) * 1000.0))
                 self.probes += 1
         finally:
-            if schedstat is not None:
-                os.close(schedstat)
+            for fd in (schedstat, stat):
+                if fd is not None:
+                    os.close(fd)
 
     def recent(self, seconds: float) -> list[float]:
         """The lag samples of probes that woke within the last `seconds` (fewer fit when the
@@ -79,6 +91,13 @@ class LoopLagMonitor(BackgroundTask):
             return []
         return list(self._queued_ms)[-min(count, WINDOW):]
 
+    def latest_stolen(self, count: int) -> list[float]:
+        """The host's steal in ms, over each of the last `count` probes, of the virtual CPU the loop
+        thread was on (nan where the kernel does not say; 10 ms steps, the kernel's tick)."""
+        if count <= 0:
+            return []
+        return list(self._stolen_ms)[-min(count, WINDOW):]
+
     def summary(self) -> dict[str, float]:
         """p50, p99 and max lag over the window; worked out at most once per SUMMARY_MAX_AGE_S
         (every call's stats event asks each second: 8 calls made 8 percentiles of 6000 samples)."""
@@ -106,11 +125,52 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "max": round(float(array.max()), 2)}
 
 
-def _open_schedstat() -> Optional[int]:
+def _open_proc(path: str) -> Optional[int]:
     try:
-        return os.open(SCHEDSTAT, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY)
     except OSError:
         return None
+
+
+def _read(fd: Optional[int]) -> bytes:
+    """The file's first 8 KiB, read afresh (a pread of /proc/stat: ~2 us)."""
+    if fd is None:
+        return b""
+    try:
+        return os.pread(fd, 8192, 0)
+    except OSError:
+        return b""
+
+
+def _sched_getcpu():
+    try:
+        return ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+
+
+_SCHED_GETCPU = _sched_getcpu()
+
+
+def current_cpu() -> int:
+    """The CPU the calling thread is on now (-1 where the C library does not say)."""
+    return _SCHED_GETCPU() if _SCHED_GETCPU is not None else -1
+
+
+def stolen_s(then: bytes, now: bytes, cpus: set[int]) -> float:
+    """The most steal any of `cpus` had between two reads of /proc/stat (the loop thread was
+    on one of them, at the probe's start or its end); nan where it cannot be told."""
+    stolen = [_steal_s(now, cpu) - _steal_s(then, cpu) for cpu in cpus if cpu >= 0]
+    known = [s for s in stolen if not math.isnan(s)]
+    return max(known) if known else math.nan
+
+
+def _steal_s(stat: bytes, cpu: int) -> float:
+    row = stat.find(b"\ncpu%d " % cpu)
+    if row < 0:
+        return math.nan
+    fields = stat[row + 1:stat.find(b"\n", row + 1)].split()
+    return int(fields[STEAL_FIELD]) * TICK_S if len(fields) > STEAL_FIELD else math.nan
 
 
 def _queued_s(schedstat: Optional[int]) -> float:

@@ -32,8 +32,8 @@ LATENESS_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 STALL_MS = 50.0  # a probe this late is a stall, counted by where the loop thread spent most of it: on a CPU
 # (busy: the loop's own code, however long it then waited for a core), on a run queue (CPU wait: more
-# runnable threads than cores) or in neither (asleep: waiting for the GIL that another thread holds or
-# a lock, or on a virtual machine its CPU taken by the host: steal time shows as neither)
+# runnable threads than cores), its virtual CPU taken by the host (steal), or none of these (asleep:
+# waiting for the GIL that another thread holds, or a lock)
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 # metrics.turn stages; browser_playout arrives in a second metrics.turn, when the page reports it
 TURN_STAGES = ("end_of_turn", "responder_first_token", "tts_first_audio", "first_frame", "total", "browser_playout")
@@ -67,13 +67,17 @@ class Metrics:
                                   buckets=LOOP_LAG_BUCKETS_S, registry=r)
         self.loop_busy_stalls = Counter("parley_event_loop_busy_stalls", "10 ms event-loop probes late by over "
                                         "50 ms that the loop's own thread spent mostly on a CPU (code blocking the loop); "
-                                        "the rest spent mostly waiting for a CPU (cpu_wait_stalls) or neither "
-                                        "(asleep: waiting for the GIL or a lock, or a virtual CPU taken by its host)",
+                                        "the rest spent mostly waiting for a CPU (cpu_wait_stalls), with their "
+                                        "virtual CPU taken by its host (steal_stalls) or asleep (the GIL or a lock)",
                                         registry=r)
         self.loop_cpu_wait_stalls = Counter("parley_event_loop_cpu_wait_stalls", "10 ms event-loop probes late "
                                             "by over 50 ms that the loop's thread spent mostly runnable on a run "
                                             "queue (more runnable threads than cores)",
                                             registry=r)
+        self.loop_steal_stalls = Counter("parley_event_loop_steal_stalls", "10 ms event-loop probes late by "
+                                         "over 50 ms that the loop's thread lost mostly to its virtual CPU's host "
+                                         "(steal time, /proc/stat): the machine's doing, not the node's",
+                                         registry=r)
         self.loop_tasks = Gauge("parley_event_loop_tasks", "asyncio tasks alive on the event loop (with no "
                                 "calls up it should come back to its idle level; growth is a leak)", registry=r)
         self.turn_stage = Histogram("parley_turn_stage_seconds", "Per-reply latency by stage (metrics.turn): "
@@ -134,19 +138,22 @@ class Metrics:
                 self.lateness.observe(late_ms / 1000.0)
 
     def sample(self, calls: Iterable["Call"], loop_lags_ms: list[float], loop_busy_ms: Sequence[float] = (),
-               loop_queued_ms: Sequence[float] = ()) -> None:
-        """`loop_busy_ms`, `loop_queued_ms`: the loop thread's ms on a CPU, and on a run queue, over
-        each of those probes (when known)."""
+               loop_queued_ms: Sequence[float] = (), loop_stolen_ms: Sequence[float] = ()) -> None:
+        """`loop_busy_ms`, `loop_queued_ms`, `loop_stolen_ms`: the loop thread's ms on a CPU, on a run
+        queue, and taken by the host, over each of those probes (when known)."""
         for call in calls:
             self.sample_call(call)
         for lag_ms in loop_lags_ms:
             self.loop_lag.observe(lag_ms / 1000.0)
         causes = [_stall_cause(*probe) for probe in zip(loop_lags_ms, _or_nan(loop_busy_ms, loop_lags_ms),
-                                                       _or_nan(loop_queued_ms, loop_lags_ms))]
+                                                       _or_nan(loop_queued_ms, loop_lags_ms),
+                                                       _or_nan(loop_stolen_ms, loop_lags_ms))]
         if busy := causes.count("busy"):
             self.loop_busy_stalls.inc(busy)
         if queued := causes.count("cpu_wait"):
             self.loop_cpu_wait_stalls.inc(queued)
+        if stolen := causes.count("steal"):
+            self.loop_steal_stalls.inc(stolen)
 
 
 class CollectorPauseMetrics(Collector):
@@ -179,14 +186,14 @@ def _or_nan(spent_ms: Sequence[float], lags_ms: Sequence[float]) -> Sequence[flo
     return spent_ms if spent_ms else [math.nan] * len(lags_ms)
 
 
-def _stall_cause(lag_ms: float, busy_ms: float, queued_ms: float) -> str | None:
-    """None for a probe on time; else "busy", "cpu_wait" or "asleep", whichever took the largest
-    share of the probe (its interval and its lag; an unknown share, nan, counts as none)."""
+def _stall_cause(lag_ms: float, busy_ms: float, queued_ms: float, stolen_ms: float = math.nan) -> str | None:
+    """None for a probe on time; else "busy", "cpu_wait", "steal" or "asleep", whichever took the
+    largest share of the probe (its interval and its lag; an unknown share, nan, counts as none)."""
     if not lag_ms > STALL_MS:
         return None
-    busy, queued = (0.0 if math.isnan(ms) else ms for ms in (busy_ms, queued_ms))
-    asleep = lag_ms + PROBE_INTERVAL_S * 1000.0 - busy - queued
-    return max((busy, "busy"), (queued, "cpu_wait"), (asleep, "asleep"))[1]
+    busy, queued, stolen = (0.0 if math.isnan(ms) else ms for ms in (busy_ms, queued_ms, stolen_ms))
+    asleep = lag_ms + PROBE_INTERVAL_S * 1000.0 - busy - queued - stolen
+    return max((busy, "busy"), (queued, "cpu_wait"), (stolen, "steal"), (asleep, "asleep"))[1]
 
 
 async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "LoopLagMonitor") -> None:
@@ -197,6 +204,7 @@ async def run_sampler(metrics: Metrics, calls: Mapping[str, "Call"], loop_lag: "
         await asyncio.sleep(SAMPLE_INTERVAL_S)
         probes = loop_lag.probes
         metrics.sample(list(calls.values()), loop_lag.latest(probes - seen_probes),
-                       loop_lag.latest_busy(probes - seen_probes), loop_lag.latest_queued(probes - seen_probes))
+                       loop_lag.latest_busy(probes - seen_probes), loop_lag.latest_queued(probes - seen_probes),
+                       loop_lag.latest_stolen(probes - seen_probes))
         metrics.loop_tasks.set(len(asyncio.all_tasks()))
         seen_probes = probes

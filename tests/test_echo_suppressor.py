@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from engine.wavfile import read_wav
-from gateway.echo_suppressor import CROSSFADE, FRAME, EchoSuppressor, percentile_by_column
+from gateway.echo_suppressor import (CROSSFADE, DELAY_SEARCH_FRAMES, FRAME, EchoSuppressor, fast_fft_size,
+                                     percentile_by_column)
 
 SPEECH = Path(__file__).parent / "data" / "speech"
 ECHO_GAIN = 0.5  # -6 dB
@@ -76,6 +77,32 @@ def test_on_a_line_without_echo_a_callers_first_syllable_over_parley_passes():
     first = slice(onset, onset + 1600)  # its first 100 ms
     energy_db = 10 * np.log10(np.sum(out[first] ** 2) / np.sum(talk[first] ** 2))
     assert suppressor.delay is None and energy_db >= -3, energy_db
+
+
+def test_on_a_noisy_line_without_echo_the_delay_search_is_not_run_every_frame(monkeypatch):
+    """A browser's canceller leaves no echo to find, and its microphone's noise is sound
+    enough to search: each search (three 40 960-point FFTs, ~1 ms on the event loop) fails,
+    so it must come every DELAY_SEARCH_FRAMES frames, not every frame of Parley's voice."""
+    reference, _, _ = scene(60)
+    noise = np.random.default_rng(4).normal(0, 300, len(reference)).astype(np.float32)
+    searches = []
+    original = EchoSuppressor._estimate_delay
+    monkeypatch.setattr(EchoSuppressor, "_estimate_delay", lambda self: searches.append(1) or original(self))
+    _, suppressor = run(reference, noise)
+    frames = len(reference) // FRAME
+    assert suppressor.delay is None
+    assert 0 < len(searches) <= frames // DELAY_SEARCH_FRAMES, (len(searches), frames)
+
+
+def test_the_correlations_fft_size_is_the_least_5_smooth_one():
+    def smooth(n: int) -> bool:
+        for p in (2, 3, 5):
+            while n % p == 0:
+                n //= p
+        return n == 1
+    for n in [1, 2, 7, 97, 1000, 40640, 65537]:
+        size = fast_fft_size(n)
+        assert size >= n and smooth(size) and not any(smooth(m) for m in range(n, size)), (n, size)
 
 
 def test_without_parley_speaking_audio_passes_unchanged():

@@ -2,11 +2,14 @@
 frame per step, a call's first frame imports nothing, and a hung-up call leaves no task behind."""
 
 import asyncio
+import math
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
+import pytest
 
 from gateway.pacer import PacedAudioTrack
 from gateway.playout import MAX_CATCH_UP_FRAMES, Playout
@@ -141,6 +144,8 @@ async def test_a_stall_counts_as_busy_only_when_the_loop_thread_ran():
         metrics.sample([], monitor.latest(monitor.probes - seen), monitor.latest_busy(monitor.probes - seen))
         assert max(monitor.latest(monitor.probes - seen)) > 100
         assert metrics.loop_busy_stalls._value.get() == 0
+        if os.path.exists("/proc/stat"):  # each probe read the host's steal too (0 on bare metal)
+            assert not any(math.isnan(ms) for ms in monitor.latest_stolen(monitor.probes - seen))
         for _ in range(5):  # on a loaded machine the loop thread may not get a CPU for it: again
             seen, wall, cpu = monitor.probes, time.monotonic(), time.thread_time()
             while time.thread_time() - cpu < 0.15:  # computing on the loop
@@ -172,6 +177,38 @@ def test_stalls_are_told_apart_by_where_the_loop_thread_spent_them():
     metrics.sample([], [200.0], [], [])  # no thread figures at all: asleep, as far as anyone can tell
     assert metrics.loop_busy_stalls._value.get() == 2
     assert metrics.loop_cpu_wait_stalls._value.get() == 2
+    assert metrics.loop_steal_stalls._value.get() == 0
+
+
+def test_a_stall_the_host_took_counts_as_steal():
+    """On a virtual machine the host may take the loop thread's CPU away: that time is neither
+    the thread's CPU time nor run-queue wait, and without /proc/stat's steal it would pass for
+    the GIL. A stall counts as steal where steal took its largest share."""
+    from gateway.metrics import Metrics
+
+    metrics = Metrics()
+    lags = [120.0, 120.0, 120.0, 120.0]
+    on_cpu = [10.0, 60.0, 10.0, 10.0]
+    on_run_queue = [10.0, 10.0, 10.0, 10.0]
+    stolen = [80.0, 40.0, 30.0, float("nan")]  # the third: 90 ms asleep outweighs 30 ms stolen
+    metrics.sample([], lags, on_cpu, on_run_queue, stolen)
+    assert metrics.loop_steal_stalls._value.get() == 1
+    assert metrics.loop_busy_stalls._value.get() == 1
+    assert metrics.loop_cpu_wait_stalls._value.get() == 0
+
+
+def test_the_steal_of_the_loop_threads_cpu_is_read_from_proc_stat():
+    """/proc/stat's steal column (the 8th field, in clock ticks) of the CPU named, the most of
+    those the thread was on; a CPU the file does not list says nothing."""
+    from gateway.loop_monitor import TICK_S, current_cpu, stolen_s
+
+    then = b"cpu  1 2 3 4 5 6 7 10 0 0\ncpu0 1 2 3 4 5 6 7 4 0 0\ncpu1 1 2 3 4 5 6 7 6 0 0\nintr 1\n"
+    now = b"cpu  1 2 3 4 5 6 7 19 0 0\ncpu0 1 2 3 4 5 6 7 5 0 0\ncpu1 1 2 3 4 5 6 7 14 0 0\nintr 1\n"
+    assert stolen_s(then, now, {0}) == pytest.approx(1 * TICK_S)
+    assert stolen_s(then, now, {0, 1}) == pytest.approx(8 * TICK_S)
+    assert math.isnan(stolen_s(then, now, {7})) and math.isnan(stolen_s(then, now, {-1}))
+    if sys.platform == "linux":
+        assert current_cpu() in os.sched_getaffinity(0)
 
 
 async def test_a_loop_sharing_its_cpu_with_busy_processes_counts_a_cpu_wait_stall():
