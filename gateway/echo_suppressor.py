@@ -198,9 +198,8 @@ class EchoSuppressor:
         if np.mean(np.abs(y) > ACTIVE_REFERENCE_RMS / 4) < MIN_ACTIVE_FRACTION:
             return None  # too little inbound sound yet (the echo has not arrived)
         x = self._reference[-(n + max_delay):]  # starts max_delay earlier than y
-        size = fast_fft_size(len(x) + n)
-        cross = np.fft.rfft(x, size) * np.conj(np.fft.rfft(y, size))
-        correlation = np.fft.irfft(cross / (np.abs(cross) ** PHAT_BETA + 1e-9), size)
+        cross = np.fft.rfft(x, CORRELATION_SIZE) * np.conj(np.fft.rfft(y, CORRELATION_SIZE))
+        correlation = np.fft.irfft(cross / (np.abs(cross) ** PHAT_BETA + 1e-9), CORRELATION_SIZE)
         correlation /= np.sqrt(np.sum(x ** 2) * np.sum(y ** 2)) ** (1 - PHAT_BETA) + 1e-9
         # c[k] = sum_m x[m + k] y[m]: an echo D samples late peaks at k = max_delay - D.
         k = int(np.argmax(correlation[:max_delay + 1]))
@@ -298,7 +297,7 @@ class EchoSuppressor:
 
 def fast_fft_size(n: int) -> int:
     """The smallest 2^a * 3^b * 5^c >= n: pocketfft is as quick at these as at a power of two,
-    and the correlation's 40 640 samples need 40 960 points rather than 65 536."""
+    and the correlation's 40 000 samples need no more points, rather than 65 536."""
     best = 1 << max(n - 1, 0).bit_length()
     five = 1
     while five < best:
@@ -309,6 +308,11 @@ def fast_fft_size(n: int) -> int:
             three *= 3
         five *= 5
     return best
+
+
+# The delay search correlates the last REFERENCE_WINDOW_S of inbound audio with MAX_DELAY_S more
+# of the reference: a linear (not circular) correlation needs the two lengths summed.
+CORRELATION_SIZE = fast_fft_size(2 * int(REFERENCE_WINDOW_S * SAMPLE_RATE) + int(MAX_DELAY_S * SAMPLE_RATE))
 
 
 def low_delay_windows() -> tuple[np.ndarray, np.ndarray]:

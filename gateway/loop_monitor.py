@@ -142,14 +142,10 @@ def _read(fd: Optional[int]) -> bytes:
         return b""
 
 
-def _sched_getcpu():
-    try:
-        return ctypes.CDLL(None).sched_getcpu
-    except (OSError, AttributeError):
-        return None
-
-
-_SCHED_GETCPU = _sched_getcpu()
+try:
+    _SCHED_GETCPU = ctypes.CDLL(None).sched_getcpu  # glibc's, through the vDSO: ~0.3 us
+except (OSError, AttributeError):
+    _SCHED_GETCPU = None
 
 
 def current_cpu() -> int:

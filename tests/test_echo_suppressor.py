@@ -81,7 +81,7 @@ def test_on_a_line_without_echo_a_callers_first_syllable_over_parley_passes():
 
 def test_on_a_noisy_line_without_echo_the_delay_search_is_not_run_every_frame(monkeypatch):
     """A browser's canceller leaves no echo to find, and its microphone's noise is sound
-    enough to search: each search (three 40 960-point FFTs, ~1 ms on the event loop) fails,
+    enough to search: each search (three 40 000-point FFTs, ~1 ms on the event loop) fails,
     so it must come every DELAY_SEARCH_FRAMES frames, not every frame of Parley's voice."""
     reference, _, _ = scene(60)
     noise = np.random.default_rng(4).normal(0, 300, len(reference)).astype(np.float32)
@@ -100,7 +100,7 @@ def test_the_correlations_fft_size_is_the_least_5_smooth_one():
             while n % p == 0:
                 n //= p
         return n == 1
-    for n in [1, 2, 7, 97, 1000, 40640, 65537]:
+    for n in [1, 2, 7, 97, 1000, 40000, 40640, 65537]:
         size = fast_fft_size(n)
         assert size >= n and smooth(size) and not any(smooth(m) for m in range(n, size)), (n, size)
 
