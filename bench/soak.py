@@ -357,8 +357,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="how long the node keeps a hung-up caller's session for resuming (its "
                              "resume_token_ttl_s; served default 3600): what a node is told to keep is not "
                              "growth, so the soak keeps it short")
-    parser.add_argument("--engine-process", action="store_true",
-                        help="the node's engine in a child process (its engine_process setting; default: inside it)")
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="the node's engine in a child process (its engine_process setting, the served "
+                             "default); --no-engine-process: inside the node")
     parser.add_argument("--server-log", help="write the node's log (stderr) to this file")
     parser.add_argument("--server-log-level", default="error", help="the node's PARLEY_LOG_LEVEL")
     parser.add_argument("--client-log-level", default="warning", help="the callers' log level (aiortc, aioice), on stderr")

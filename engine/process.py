@@ -5,10 +5,11 @@ In one process with the engine it also needs the GIL, which the engine's threads
 Whisper's readings, the voice's renders) hold between their native calls, and they run at a
 lower priority (engine/priority.py): one can hold the GIL while waiting for a CPU. Here the
 engine runs in a child process and the two share no GIL; a frame of audio costs the loop one
-pickled message, and messages leave every FLUSH_EVERY_S, so the engine hears a frame up to
-20 ms later. On a 2-core VM its paired soaks had fewer loop stalls than the engine inside
-the gateway (docs/benchmarks.md); until a latency run says what those 20 ms cost, the
-gateway runs it only when asked (config engine_process). What it gives wherever it runs:
+pickled message, and frames leave together every FLUSH_EVERY_S, so the engine hears a frame
+up to 20 ms later (a reply's text, an utterance's end, a new stream leave at once). On a 2-core
+VM its soaks had no loop stall over 50 ms where the engine inside the gateway had some, and its
+replies come as soon (docs/benchmarks.md): the gateway runs it so by default (config
+engine_process). What it gives wherever it runs:
 a crash in the engine (a native library's, say) fails its streams and a new engine starts,
 while the node itself (signaling, sessions, SIP) goes on.
 
@@ -67,7 +68,8 @@ class _Wire(asyncio.Protocol):
     def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
         self._on_message, self._on_lost = on_message, on_lost
         self._buffer = bytearray()
-        self._outbox: list[bytes] = []  # frames sent since the loop's last turn
+        self._outbox: list[bytes] = []  # messages waiting for the next write
+        self._timer: Optional[asyncio.TimerHandle] = None  # that write, when only batched ones wait
         self.transport: Optional[asyncio.Transport] = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,19 +91,26 @@ class _Wire(asyncio.Protocol):
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._on_lost()
 
-    def send(self, message: Any) -> None:
-        """Queue a message; what FLUSH_EVERY_S gathers leaves in one write: the other process
-        wakes once for every call's frames of that time, not once per frame (400 times a second
-        with 8 calls up)."""
+    def send(self, message: Any, batch: bool = False) -> None:
+        """Send a message, with every one queued before it. A `batch` one (a frame of audio)
+        waits instead, up to FLUSH_EVERY_S, and what that time gathers leaves in one write: the
+        other process wakes once for every call's frames of that time, not once per frame (400
+        times a second with 8 calls up). The rest (a reply's text, the end of an utterance,
+        a stream opened) carry a reply's latency and leave at once."""
         if self.transport is None or self.transport.is_closing():
             return
-        if not self._outbox:
-            asyncio.get_running_loop().call_later(FLUSH_EVERY_S, self._flush)
         self._outbox.append(_frame(message))
+        if not batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_EVERY_S, self._flush)
 
     def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         frames, self._outbox = self._outbox, []
-        if self.transport is not None and not self.transport.is_closing():
+        if frames and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(frames))
 
 
@@ -159,7 +168,7 @@ class RemoteSttStream(_RemoteStream):
             self._engine._send(("close", self.id))
             self._finish(failure)
             raise error
-        self._engine._send(("push", self.id, pcm16k))
+        self._engine._send(("push", self.id, pcm16k), batch=True)
 
     def flush(self) -> None:
         if not self.closed:
@@ -330,9 +339,9 @@ class EngineProcess:
         for stream in list(self._streams.values()):
             stream._finish(StreamFailed(f"{stream.kind.upper()} stream failed: {reason}"))
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: Any, batch: bool = False) -> None:
         if self._wire is not None:
-            self._wire.send(message)
+            self._wire.send(message, batch)
 
     def _on_lost(self, wire: _Wire) -> None:
         if wire is not self._wire:

@@ -55,7 +55,7 @@ class Config:
     engine_device: str = "auto"  # auto = CUDA when present, else CPU
     engine_max_streams: int = 64  # engine state slots (one per call); calls beyond get 503
     engine_threads: int = 0  # torch CPU threads for the engine; 0 = torch's default
-    engine_process: bool = False  # run the engine in a child process of its own: its threads share no GIL with the calls' event loop, and a crash there fails only the streams (it is restarted); false: in the gateway's own process
+    engine_process: bool = True  # run the engine in a child process of its own: its threads share no GIL with the calls' event loop, and a crash there fails only the streams (it is restarted); false: in the gateway's own process
     stt_model: str = "whisper-tiny.en"  # whisper-tiny.en (Whisper reads the words, the SSM hears speech start) | ssm (Parley's SSM alone)
     stt_readers: int = 1  # whisper-tiny.en: threads that read callers' words (CPU cores beside the engine tick)
     turn_cues: str = DEFAULT_TURN_CUES  # whisper-tiny.en: who confirms a turn's end at a pause besides the words: pause (the pause head on Whisper's encoder) | ssm (the SSM's end-of-turn head: sooner, cuts more callers off) | ssm+pause | words

@@ -1,10 +1,10 @@
 """The speech engine inside the gateway: built and warmed up at start, asked before a call
 is admitted, scraped for /metrics, closed at shutdown.
 
-The engine (engine.SpeechEngine) runs its batched tick loop on its own threads, in this
-process or, with config engine_process, in a child process of its own (engine.EngineProcess:
-its threads then share no GIL with the calls' event loop); nothing here blocks the event
-loop (loading and warm-up run in a worker thread or in that process). Only the engine
+The engine (engine.SpeechEngine) runs its batched tick loop on its own threads, in a child
+process of its own (config engine_process, the default: engine.EngineProcess; its threads
+share no GIL with the calls' event loop) or in this process; nothing here blocks the event
+loop (loading and warm-up run in that process or in a worker thread). Only the engine
 contract (engine.interface.Engine) is used here.
 """
 

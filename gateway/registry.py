@@ -52,7 +52,8 @@ class CallRegistry:
         # A session is kept as long as a resume token could bring its caller back
         store = open_store(config.redis_url or None, config.resume_token_ttl_s)
         self.keeper = SessionKeeper(store, config.node_id, config.lease_ttl_s,
-                                    allow_new_without_store=config.new_calls_without_redis == "accept")
+                                    allow_new_without_store=config.new_calls_without_redis == "accept",
+                                    session_ttl_s=config.resume_token_ttl_s)
         self.keeper.on_lease_lost = self._taken_over
         self.nodes = NodeRegistry(config.redis_url or None, heartbeat_s=config.lease_ttl_s / 3)
         self._reserved = 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine import CapacityError, EngineProcess, Final, SpeechEngine, StreamFailed
+from engine.process import FLUSH_EVERY_S, _Wire
 from engine.wavfile import read_wav
 
 SPEECH = Path(__file__).parent / "data" / "speech" / "flite_slt-020.wav"  # "my name is sue"
@@ -41,6 +42,39 @@ async def hear(engine, audio: np.ndarray) -> list:
     await asyncio.wait_for(collect(), DEADLINE_S)
     stream.close()
     return events
+
+
+class Recorder(asyncio.Transport):
+    """A transport that keeps each write, and when it came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[float, bytes]] = []
+        self.wrote = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.writes.append((asyncio.get_running_loop().time(), data))
+        self.wrote.set()
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_audio_frames_leave_together_and_a_replys_text_at_once_with_them() -> None:
+    wire = _Wire(lambda message: None, lambda: None)
+    transport = Recorder()
+    wire.connection_made(transport)
+    sent_at = asyncio.get_running_loop().time()
+    for k in range(3):
+        wire.send(("push", 1, k), batch=True)
+    await asyncio.wait_for(transport.wrote.wait(), DEADLINE_S)
+    (written_at, frames), = transport.writes  # three frames, one write, a batch's wait later
+    assert written_at - sent_at >= FLUSH_EVERY_S * 0.9 and frames.count(b"push") == 3
+    wire.send(("push", 1, 3), batch=True)
+    wire.send(("text", 2, "Hello"))  # the reply's text does not wait, nor the frame before it
+    assert len(transport.writes) == 2 and transport.writes[1][1].index(b"push") < transport.writes[1][1].index(b"Hello")
+    await asyncio.sleep(FLUSH_EVERY_S * 2)
+    assert len(transport.writes) == 2  # no empty write when the batch's timer would have come
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ import json
 import logging
 from typing import Optional
 
+import pytest
+
 from gateway.keeper import SessionKeeper
-from gateway.sessions import MemorySessionStore, SessionRecord
+from gateway.sessions import MemorySessionStore, SessionRecord, StoreUnavailable
 
 DEADLINE_S = 5.0
 
@@ -40,6 +42,13 @@ class BrokenAppendStore(MemorySessionStore):
             self.failures += 1
             raise RuntimeError("a bug in a store")
         await super().append_event(session_id, event_json)
+
+
+class UnreachableStore(MemorySessionStore):
+    """Redis gone: a lease cannot be taken."""
+
+    async def acquire_lease(self, session_id: str, node_id: str, ttl_s: float) -> float:
+        raise StoreUnavailable("connection refused")
 
 
 def event(seq: int) -> tuple[dict, str]:
@@ -83,4 +92,30 @@ async def test_an_unexpected_store_error_is_logged_and_later_writes_go_on(caplog
         failed = [r for r in caplog.records if r.levelno == logging.ERROR and "write-behind" in r.getMessage()]
         assert len(failed) == 1 and failed[0].exc_info is not None
     finally:
+        await keeper.stop()
+
+
+async def test_an_ended_sessions_copy_is_kept_as_long_as_the_store_keeps_it_and_no_longer(monkeypatch) -> None:
+    store = MemorySessionStore(session_ttl_s=60.0)
+    keeper = SessionKeeper(store, "node-a", lease_ttl_s=30.0, session_ttl_s=60.0)
+    keeper.start()
+    try:
+        clock = [1000.0]
+        monkeypatch.setattr("gateway.keeper.time.monotonic", lambda: clock[0])
+        for session_id in ("early", "late"):
+            await keeper.open_new(session_id)
+            await keeper.end(session_id)
+            clock[0] += 30.0
+        assert list(keeper.recent) == ["early", "late"]  # 60 and 30 s since they ended
+        clock[0] += 1.0
+        await keeper.open_new("next")
+        await keeper.end("next")
+        assert list(keeper.recent) == ["late", "next"]  # "early" ended 61 s ago: the store forgot it too
+        clock[0] += 60.0
+        keeper.store = UnreachableStore()  # an outage: no resume from a copy kept past the TTL
+        with pytest.raises(StoreUnavailable):
+            await keeper.resume("late")
+        assert not keeper.recent
+    finally:
+        keeper.store = store
         await keeper.stop()

@@ -2,8 +2,9 @@
 
 It keeps the same semantics as the Redis store (gateway/sessions/redis.py), expiry checked on
 access, so tests/test_sessions.py runs one suite against both. What has expired is also swept
-away once a minute (as a new session is made), as Redis drops expired keys by itself: checked
-on access alone, a session nobody asked for again stayed in memory for good.
+away once a minute (as a new session is made, by create() or by put(): the gateway's keeper
+makes them with put), as Redis drops expired keys by itself: checked on access alone, a session
+nobody asked for again stayed in memory for good.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .record import (DEFAULT_SESSION_TTL_S, MAX_REPLAY_EVENTS, LeaseHeld, LeaseL
                      encode_record, event_seq, new_record)
 
 
-SWEEP_EVERY_S = 60.0  # how often create() sweeps expired sessions away
+SWEEP_EVERY_S = 60.0  # how often a new session sweeps expired ones away
 
 
 @dataclass
@@ -63,6 +64,10 @@ class MemorySessionStore:
     def _touch(self, entry: _MemoryEntry) -> None:
         entry.expires_at = time.monotonic() + self.session_ttl_s
 
+    def _sweep_when_due(self) -> None:
+        if time.monotonic() >= self._next_sweep:
+            self._sweep()
+
     def _sweep(self) -> None:
         """Forget every session, lease and takeover request that has expired."""
         now, wall = time.monotonic(), time.time()
@@ -74,8 +79,7 @@ class MemorySessionStore:
                 del held[session_id]
 
     async def create(self, session_id: str, settings: Optional[dict[str, Any]] = None) -> SessionRecord:
-        if time.monotonic() >= self._next_sweep:
-            self._sweep()
+        self._sweep_when_due()
         try:
             self._entry(session_id)
         except SessionNotFound:
@@ -110,6 +114,7 @@ class MemorySessionStore:
             entry = self._entry(record.session_id)
             entry.record_json = encoded
         except SessionNotFound:
+            self._sweep_when_due()
             entry = self._entries[record.session_id] = _MemoryEntry(encoded, 0.0)
         if events is not None:
             entry.events.clear()
