@@ -22,6 +22,7 @@ from .interface import (
     WordMark,
 )
 from .blas import single_threaded_blas
+from .malloc import bound_and_trim
 from .process import EngineProcess
 from .models import DEFAULT_STT_MODEL, DEFAULT_TURN_CUES, DEFAULT_VOICE, STT_MODELS, TTS_VOICES, TURN_CUES
 
@@ -33,7 +34,7 @@ __all__ = [
     "SpeechLikely", "SpeechStart", "StreamFailed", "SttEvent", "SttStream", "TtsEvent", "TtsStream", "WordMark",
     "DEFAULT_STT_MODEL", "DEFAULT_VOICE", "STT_MODELS", "TTS_VOICES", "DEFAULT_TURN_CUES", "TURN_CUES",
     *_RUNTIME_EXPORTS, "EngineProcess", "say",
-    "load_ssm_model", "ssm_recognizer", "use_threads", "single_threaded_blas",
+    "load_ssm_model", "ssm_recognizer", "use_threads", "single_threaded_blas", "bound_and_trim",
 ]
 
 

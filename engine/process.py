@@ -526,8 +526,10 @@ def _apply(stream: Any, kind: str, message: tuple) -> None:
 def main(argv: list[str]) -> int:
     """`python -m engine.process FD OPTIONS_JSON`: serve one SpeechEngine on socket FD."""
     from .blas import single_threaded_blas
+    from .malloc import bound_and_trim
 
     single_threaded_blas()  # as in the gateway: numpy's idle BLAS threads spin
+    bound_and_trim()  # as in the gateway, before the engine's threads start: arenas fragment
     sock = socket.socket(fileno=int(argv[0]))
     sender = _Sender(sock)
     root = logging.getLogger()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import threading
 import time
 from typing import Callable, Optional, Union
 
@@ -20,11 +19,10 @@ from .interface import EndOfTurn, Final, Partial, SttEvent
 from .pause_head import PauseHead, load_pause_head
 from .vad import VadStream
 from .whisper import SAMPLE_RATE, WhisperReader
-from .whisper_stream import KEEP_S, PAUSE, Job, TurnReader
+from .whisper_stream import PAUSE, Job, TurnReader
 from .worker_pool import WorkerPool, hand_over
 
 ReadingDone = Callable[[Job, "str | BaseException"], None]
-WARM_UP_NOISE_RMS = 0.01  # quiet noise: a window to encode, not words to read
 PauseHeadChoice = Union[PauseHead, None, str]  # a head, None (none), or "shipped"
 
 
@@ -54,23 +52,6 @@ class ReadingWorker(WorkerPool):
         self.read_seconds = 0.0
         self.waits: collections.deque = collections.deque(maxlen=4096)  # seconds recent readings queued
         self.start()
-
-    def warm_up(self) -> None:
-        """A pause reading of the longest window a turn is read by (KEEP_S), queued once per
-        thread at once (each takes ~0.3 s, so each thread takes one), and waited for.
-        CTranslate2's buffers grow to the longest window read so far and stay: without this
-        an engine process grew ~25 MB through its first calls (bench/soak.py), and the first
-        long turns paid for the growth in their reading time."""
-        noise = np.random.default_rng(0).standard_normal(int(KEEP_S * SAMPLE_RATE)) * WARM_UP_NOISE_RMS
-        job_audio = noise.astype(np.float32)
-        read = threading.Semaphore(0)
-        for _ in range(self.threads):
-            self.submit(Job(0, PAUSE, job_audio, 0, len(job_audio), 0.0), lambda job, text: read.release())
-        for _ in range(self.threads):
-            read.acquire()
-        with self._ready:  # the figures are the callers' readings
-            self.readings, self.read_seconds = 0, 0.0
-            self.waits.clear()
 
     def submit(self, job: Job, done: ReadingDone) -> None:
         job.queued_at = time.perf_counter()

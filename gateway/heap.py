@@ -8,37 +8,27 @@ pass came every ~80 s and freed ~65k objects at once, holding the GIL for 100-16
 8 redialling callers): the soak's longest loop stalls. FULL_PASS_EVERY_S below is what replaced
 that; GC_THRESHOLDS keeps CPython's own full passes as a safety net only.
 aiortc starts a decoder thread per call, and glibc gives busy threads arenas of their own (up
-to 8 per core), which fragment: MALLOC_ARENAS bounds them and the trimmer hands free pages back.
+to 8 per core), which fragment: tune() bounds them and hands free pages back (engine/malloc.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import ctypes
-import ctypes.util
 import gc
-import logging
-import threading
 import time
 from typing import Any
 
-from .background import BackgroundTask
+from engine import bound_and_trim
 
-log = logging.getLogger("parley.heap")
+from .background import BackgroundTask
 
 # gen0 allocations, gen0 passes per gen1, gen1 passes per full pass: CPython's defaults but the
 # last, so that its own full passes (garbage of minutes, at once) wait on the scheduled ones
 GC_THRESHOLDS = (700, 10, 10_000)
 FULL_PASS_EVERY_S = 1.0  # a call or so of garbage a pass at a node's capacity
-MALLOC_ARENAS = 2
-TRIM_EVERY_S = 30.0
-M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 
 GC_PAUSE_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
-
-_trimmer: threading.Thread | None = None
-
 
 class CollectorPauses:
     """Every pass of the cyclic garbage collector in this process, by generation (0, 1, 2: 2 is
@@ -108,30 +98,5 @@ def tune() -> None:
     """Call early in a serving process (before the engine's threads start), and start a
     ScheduledCollection on its loop; again is a no-op for the trimmer, which runs once per
     process."""
-    global _trimmer
     gc.set_threshold(*GC_THRESHOLDS)
-    libc = _glibc()
-    if libc is None:
-        log.info("not glibc: malloc arenas and trimming left as they are")
-        return
-    libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
-    if _trimmer is None:
-        _trimmer = threading.Thread(target=_trim_forever, args=(libc,), name="heap-trim", daemon=True)
-        _trimmer.start()
-
-
-def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-    except OSError:
-        return None
-
-
-def _trim_forever(libc: ctypes.CDLL) -> None:
-    # ctypes releases the GIL for the call: trimming (a few ms) never holds up the event loop.
-    while True:
-        time.sleep(TRIM_EVERY_S)
-        libc.malloc_trim(0)
-
+    bound_and_trim()

@@ -19,7 +19,7 @@ from engine.wer import word_error_rate
 from engine.whisper import ChecksumMismatch, WhisperReader, drop_repeats, verify
 from engine.turn_cues import COMPLETE_QUIET_S, CONFIRMED_QUIET_S, INCOMPLETE_QUIET_S, reads_finished, table_words
 from engine.whisper_readers import InlineRecognizer
-from engine.whisper_stream import KEEP_S, PARTIAL, PAUSE, TurnReader, common_prefix, spread_words, tentative_words, word_times
+from engine.whisper_stream import PARTIAL, PAUSE, TurnReader, common_prefix, spread_words, tentative_words, word_times
 from engine.turn import load_turns
 from engine.vad import WINDOW
 
@@ -298,24 +298,3 @@ def test_the_ssm_decoder_weighs_the_words_it_is_given():
     own = decoder.text_log_odds("my name is daniel evans")
     decoder.words_source = lambda: "my order number is".split()
     assert decoder.text_log_odds("my name is daniel evans") < min(own, -3.0)
-
-
-def test_the_reading_workers_warm_up_reads_the_longest_window_once_per_thread_and_counts_none(reader):
-    from engine.whisper_readers import ReadingWorker
-
-    class CountingReader:
-        def __init__(self) -> None:
-            self.lengths: list[float] = []
-
-        def read(self, audio: np.ndarray) -> str:
-            self.lengths.append(len(audio) / 16000)
-            return reader.read(audio)
-
-    counting = CountingReader()
-    worker = ReadingWorker(counting, threads=2, pause_head=None)  # type: ignore[arg-type]
-    try:
-        worker.warm_up()
-        assert counting.lengths == [KEEP_S, KEEP_S]  # one each, the longest a turn is read by
-        assert (worker.readings, worker.read_seconds, len(worker.waits), worker.busy) == (0, 0.0, 0, 0)
-    finally:
-        worker.close()

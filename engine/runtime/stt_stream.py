@@ -194,15 +194,12 @@ class SttStepper(SlotTable):
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """One throwaway batched step (kernels, allocator) that touches no slot; with Whisper
-        reading the words, a reading of the longest window on each reader thread."""
+        """One throwaway batched step (kernels, allocator) that touches no slot."""
         rows = min(WARM_UP_ROWS, self.max_streams)
         x = torch.zeros(rows, FRAMES_PER_STEP * N_MELS, device=self.device, dtype=self.dtype)
         self.stepper.step(x, self.stepper.initial_state(rows, self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if self.words is not None:
-            self.words[0].warm_up()
 
     @torch.inference_mode()
     def step(self) -> StepReport:

@@ -46,8 +46,6 @@ TTS_READY_FRAMES = 2 * TTS_CHUNK_FRAMES  # ... and phonemized and encoded only w
 TTS_ENCODE_MIN_IDS = 32  # ids gathered before one encoder call (each call has a fixed cost)
 TTS_RENDER_THREADS = 2  # renders at once: a reply's next chunk need not wait behind another's
 RENDER_BUSY_WINDOW_S = 2.0  # admission looks at the renderer's busy share over this long
-WARM_UP_TEXT = ("Your order number two oh six five five five one two three four has not arrived yet, "
-                "so I have asked the courier where it is, and I will call you back this afternoon.")  # a long reply
 _END_TEXT = object()  # inbox marker: the reply's text is complete
 
 
@@ -244,10 +242,9 @@ class TtsStepper(SlotTable):
         return self.encoder_pool.bytes_per_slot()
 
     def warm_up(self) -> None:
-        """Phonemizer start-up and the decoder's first call: a long reply offline (its audio must
-        be finite). The first long reply grew the engine's RSS ~16 MB, kept after it: here
-        that happens before the first caller."""
-        audio, _ = synthesize_offline(self.model, WARM_UP_TEXT)
+        """Phonemizer start-up and the decoder's first call, then a whole sentence offline: the
+        audio must be finite."""
+        audio, _ = synthesize_offline(self.model, "Hello, how can I help?")
         if len(audio) == 0:
             raise RuntimeError("TTS warm-up produced no audio")
 
