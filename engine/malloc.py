@@ -27,19 +27,18 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 _trimmer: Optional[threading.Thread] = None
 
 
-def bound_and_trim() -> bool:
+def bound_and_trim() -> None:
     """Cap the arenas and start the trimmer (once per process; call it before the process's
-    threads start). False where the C library is not glibc: left as it is."""
+    threads start). Where the C library is not glibc, malloc is left as it is."""
     global _trimmer
     libc = _glibc()
     if libc is None:
         log.info("not glibc: malloc arenas and trimming left as they are")
-        return False
+        return
     libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
     if _trimmer is None:
         _trimmer = threading.Thread(target=_trim_forever, args=(libc,), name="heap-trim", daemon=True)
         _trimmer.start()
-    return True
 
 
 def _glibc() -> Optional[ctypes.CDLL]:

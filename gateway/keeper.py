@@ -23,8 +23,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Deque, Optional
 
-from .sessions import (DEFAULT_SESSION_TTL_S, MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, SessionNotFound, SessionRecord, SessionStore,
-                       StoreUnavailable, TakeoverRequested, event_seq, new_record)
+from .sessions import (DEFAULT_SESSION_TTL_S, MAX_REPLAY_EVENTS, LeaseHeld, LeaseLost, SessionNotFound,
+                       SessionRecord, SessionStore, StoreUnavailable, TakeoverRequested, event_seq, new_record)
 
 log = logging.getLogger("parley.sessions")
 
