@@ -136,8 +136,9 @@ def _cut(inputs: list[str], outputs: list[str], threads: int, conv2d: bool = Fal
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Not onnxruntime's arena: it grows to the largest batch of the largest chunk ever rendered
-    # and keeps it (8 streams' 64-frame chunks: +300 MB), where malloc hands it back.
+    # Not onnxruntime's arena: it grows to the largest batches of the longest chunks ever
+    # rendered and keeps them (~300 MB over batches of 1-8 streams' 8-64 frames), where
+    # malloc's free pages go back (engine/malloc.py trims them).
     options.enable_cpu_mem_arena = False
     return ort.InferenceSession(part.SerializeToString(), options, providers=["CPUExecutionProvider"])
 

@@ -112,8 +112,8 @@ def rss_mib() -> float:
 
 def test_the_renderer_hands_back_a_large_batchs_memory():
     """A busy minute renders every stream's chunk in one batch; the memory that took goes back
-    once it is done. onnxruntime's own arena kept the largest batch ever rendered: +300 MB
-    after 8 chunks of CHUNK_FRAMES, and an engine's RSS that grew with its busiest moment."""
+    once it is done. onnxruntime's own arena kept the largest batch ever rendered (+148 MB
+    after 8 chunks of CHUNK_FRAMES), so an engine's RSS grew with its busiest moment."""
     libc = malloc._glibc()
     if libc is None:
         pytest.skip("not glibc: no malloc_trim to hand free pages back with")
