@@ -87,6 +87,7 @@ from engine.vad import SileroVad  # noqa: E402
 from engine.wavfile import read_wav  # noqa: E402
 from engine.whisper import WhisperReader  # noqa: E402
 from engine.whisper_readers import ReadingWorker  # noqa: E402
+from tests.kit.memory import rss_mib  # noqa: E402
 
 PUSH_S = 0.02  # 20 ms pieces, the gateway's playout clock
 PUSH_SAMPLES = int(PUSH_S * SAMPLE_RATE)
@@ -101,11 +102,6 @@ TURN_END_BUDGET_S = 1.5  # the longest quiet the turn rule waits (1.0 s) plus a 
 
 def log(message: str) -> None:
     print(f"[engine_capacity] {message}", file=sys.stderr, flush=True)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def percentile_ms(values: Sequence[float], q: float) -> Optional[float]:
@@ -243,7 +239,7 @@ class Feeder(threading.Thread):
 
 
 def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str], args: argparse.Namespace) -> dict:
-    rss_before = rss_bytes()
+    rss_before = rss_mib()
     streams = [] if args.no_stt else [runtime.open_stt(f"bench-{i}") for i in range(n)]
     worker = runtime.stt.words[0] if runtime.stt.words is not None and not args.no_stt else None
     gap_s = CLIP_GAP_S if worker is not None and args.audio else 0.0
@@ -266,7 +262,7 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
     _, lags, counters = runtime.metrics.snapshot()
     stats = runtime.stats()
-    rss_with_streams = rss_bytes()
+    rss_with_streams = rss_mib()
     feeder.stop.set()
     feeder.join()
     failed = sum(s.error is not None for s in streams) + sum(speaker.failed for speaker in speakers)
@@ -286,7 +282,7 @@ def run_row(runtime: Runtime, n: int, clips: list[np.ndarray], texts: list[str],
         "mean_batch": round(stats.mean_batch, 2) if stats.mean_batch else None,
         "feeder_late_ms_p99": percentile_ms(feeder.lateness, 99),
         "state_bytes_per_stream": stats.state_bytes_per_stream,
-        "rss_growth_kb_per_stream": round((rss_with_streams - rss_before) / 1024 / n, 1),
+        "rss_growth_kb_per_stream": round((rss_with_streams - rss_before) * 1024 / n, 1),
         "cpu_pct": round(100 * cpu / wall, 1), "streams_failed": failed,
         "ttfa_ms_p50": percentile_ms(ttfas, 50), "ttfa_ms_p95": percentile_ms(ttfas, 95),
         "replies": len(ttfas), "late_audio_chunks": counters["late_audio_chunks"],

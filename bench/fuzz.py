@@ -32,19 +32,14 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.kit.fuzz_targets import seeds, targets  # noqa: E402
+from tests.kit.memory import rss_mib  # noqa: E402
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_INPUT_BYTES = 4096
 CRASH_EXAMPLES = 5  # kept per target (the first of each distinct failure)
 
 
 class Hang(Exception):
     """Raised by the interval timer inside an input that ran past --hang-s."""
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * PAGE / 2**20
 
 
 def mutate(rng: random.Random, seed: bytes, other: bytes) -> bytes:

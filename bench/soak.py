@@ -90,6 +90,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import DEFAULT_STT_MODEL, STT_MODELS  # noqa: E402
 from gateway.ice import use_host_addresses  # noqa: E402
+from tests.kit.memory import rss_mib  # noqa: E402
 from tests.kit.metrics import scrape  # noqa: E402
 from tests.kit.peer import Caller, encode_opus  # noqa: E402
 from tests.kit.processes import kill, start_server, wait_ready  # noqa: E402
@@ -102,16 +103,11 @@ STALL_MS = 50.0
 SPEECH_EVERY_S = 12.0  # a light caller loops its audio: one utterance per this period
 
 
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        return round(next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024, 1)
-
-
 def proc_figures(pid: int) -> dict[str, float]:
     """The node's RSS and open fds, and its engine process's RSS (0 with the engine inside)."""
     with open(f"/proc/{pid}/task/{pid}/children") as children:
-        engine = sum(rss_mib(int(child)) for child in children.read().split())
-    return {"rss_mib": rss_mib(pid), "engine_rss_mib": engine, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+        engine = round(sum(rss_mib(child) for child in children.read().split()), 1)
+    return {"rss_mib": round(rss_mib(pid), 1), "engine_rss_mib": engine, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:

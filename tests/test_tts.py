@@ -11,6 +11,7 @@ from engine.text import normalize_text, phonemize, spoken_words
 from engine.tts import (CHUNK_FRAMES, CONTEXT_FRAMES, FIRST_ENCODE_IDS, HOP, PRIOR_CHANNELS, SAMPLE_RATE,
                         SHIPPED_WEIGHTS, Synthesizer, TtsConfig, TtsModel, load_model, synthesize_offline,
                         synthesize_whole, to_int16)
+from tests.kit.memory import rss_mib
 
 TEXT = "Sure, your order 4512 ships on Monday. The total is $12.50, anything else?"
 SEAM_LIMIT = 0.1  # chunked audio may differ from whole-utterance audio by this share of its RMS
@@ -103,11 +104,6 @@ def test_conv2d_renderer_matches_the_voice_as_cut():
         expected, got = plain(prior, offset, frames), conv2d(prior, offset, frames)
         assert got.shape == expected.shape == (2, (frames or 72) * HOP)
         assert relative_rms(got, expected) < 1e-4
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
 def test_the_renderer_hands_back_a_large_batchs_memory():

@@ -7,6 +7,7 @@
     ports         a free local port
     browser       headless Chromium's flags for a fake microphone
     metrics       one /metrics scrape as {sample: value}
+    memory        a process's resident memory (RSS)
     sipp          SIPp callers for the SIP bridge
     fuzz_targets  the gateway's input parsers as bytes-in fuzz targets, with valid seeds
 
